@@ -1,0 +1,5 @@
+import sys
+
+from attnverify.cli import main
+
+sys.exit(main())

@@ -1,0 +1,98 @@
+"""The ``attnverify`` command line (INTERFACES.md): exit 0 ok, 1 violated / falsified, 2 usage."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from attnverify.errors import UsageError
+
+EXIT_OK, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors raised as :class:`UsageError` (one line, exit 2)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _cmd_list(args) -> int:
+    from attnverify.registry import builtins, entry_point_names, load_target
+
+    rows = [("id", "space", "parameters", "source")]
+    specs = list(builtins().values())
+    for name in entry_point_names():
+        try:
+            specs.append(load_target(name))
+        except UsageError as exc:
+            print(f"warning: {exc}", file=sys.stderr)
+    for spec in specs:
+        params = ", ".join(f"{k}={v}" for k, v in spec.params.items()) or "-"
+        source = spec.citation if spec.source == "builtin" else spec.source
+        rows.append((spec.id, spec.space, params, source))
+    print(_table(rows))
+    return EXIT_OK
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _commands() -> dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable]]:
+    """name -> (help, add_arguments, run). Commands from other modules register here."""
+    table: dict[str, tuple[str, Callable, Callable]] = {
+        "list": ("the normalizer registry: id, output space, parameters, source",
+                 lambda p: None, _cmd_list),
+    }
+    for module_name in ("attnverify.commands",):
+        try:
+            module = __import__(module_name, fromlist=["COMMANDS"])
+        except ImportError:
+            continue
+        table.update(module.COMMANDS)
+    return table
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+    from attnverify import __version__
+
+    parser = _Parser(prog="attnverify", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"attnverify {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands = _commands()
+    for name, (help_text, add_arguments, _run) in commands.items():
+        add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+    try:
+        from attnverify.empirical.cli import add_parser as add_empirical
+        from attnverify.empirical.cli import run as run_empirical
+    except ImportError:
+        pass
+    else:
+        add_empirical(sub)
+        commands["empirical"] = ("the model check", None, run_empirical)
+    return parser, commands
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        parser, commands = build_parser()
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help()
+            return EXIT_USAGE
+        return int(commands[args.command][2](args))
+    except UsageError as exc:
+        print(f"attnverify: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("attnverify: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
