@@ -1,0 +1,318 @@
+"""Run properties against a normalizer under Hypothesis and collect results.
+
+Every property runs as one Hypothesis test: its strategy draws cases, ``hypothesis.target``
+steers the search towards the worst ratio observed / allowed, and a violation is shrunk to a
+minimal counterexample. A normalizer that raises is a result with status ``error``, never a
+crash of the suite.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import hypothesis
+import torch
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+
+from attnverify.checks import PROPERTIES, Property, Violation, properties_for
+from attnverify.checks.base import Context, NormalizerError, describe_dtype
+from attnverify.errors import UsageError
+from attnverify.registry import NormalizerSpec
+
+PROFILE_ENV = "ATTNVERIFY_PROFILE"
+
+#: Profiles: examples per property and the largest row length the strategies may draw.
+PROFILES: dict[str, dict[str, int]] = {
+    "dev": {"max_examples": 20, "max_length": 256},
+    "ci": {"max_examples": 50, "max_length": 4096},
+    "thorough": {"max_examples": 400, "max_length": 65536},
+}
+
+DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+
+
+@dataclass
+class PropertyResult:
+    property: str
+    claimed: bool
+    status: str  # holds | violated | error | not_applicable
+    examples: int = 0
+    worst_ratio: float | None = None
+    counterexample: dict[str, Any] | None = None
+    message: str = ""
+    elapsed_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        if out["worst_ratio"] is not None and not math.isfinite(out["worst_ratio"]):
+            out["worst_ratio"] = None if math.isnan(out["worst_ratio"]) else 1e308
+        out["elapsed_s"] = round(self.elapsed_s, 4)
+        return out
+
+
+@dataclass
+class TargetResult:
+    target: str
+    claims: list[str]
+    results: list[PropertyResult] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        bad = [r for r in self.results if r.claimed and r.status in ("violated", "error")]
+        return "failed" if bad else "certified"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "claims": list(self.claims),
+            "params": {k: _jsonable(v) for k, v in self.params.items()},
+            "verdict": self.verdict,
+            "results": [r.to_json() for r in self.results],
+        }
+
+
+def make_context(
+    profile: str | None = None,
+    *,
+    dtypes: str | None = None,
+    device: str = "cpu",
+    max_examples: int | None = None,
+    seed: int = 0,
+) -> Context:
+    """Build a :class:`Context`, validating every argument (usage errors name the flag)."""
+    profile = profile or os.environ.get(PROFILE_ENV) or "ci"
+    if profile not in PROFILES:
+        raise UsageError(f"unknown profile {profile!r}: expected one of {', '.join(PROFILES)}")
+    limits = dict(PROFILES[profile])
+    if max_examples is not None:
+        if max_examples < 1:
+            raise UsageError(f"--max-examples must be at least 1, got {max_examples}")
+        limits["max_examples"] = max_examples
+    return Context(
+        profile=profile,
+        dtypes=parse_dtypes(dtypes),
+        device=_check_device(device),
+        seed=int(seed),
+        **limits,
+    )
+
+
+def parse_dtypes(text: str | None) -> tuple[torch.dtype, ...]:
+    if not text:
+        return (torch.float32, torch.float64)
+    out = []
+    for name in (t.strip() for t in text.split(",")):
+        if name not in DTYPES:
+            raise UsageError(f"unknown dtype {name!r} in --dtypes: expected {', '.join(DTYPES)}")
+        out.append(DTYPES[name])
+    return tuple(dict.fromkeys(out))
+
+
+def _check_device(device: str) -> str:
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"unknown device {device!r}: expected cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for, but torch sees no CUDA device")
+    return device
+
+
+def resolve_claims(spec: NormalizerSpec, claims: list[str] | None) -> list[str]:
+    """The non-universal claims to check: ``claims`` when given, else the spec's own."""
+    chosen = list(spec.claims if claims is None else claims)
+    unknown = [c for c in chosen if c not in PROPERTIES]
+    if unknown:
+        raise UsageError(
+            f"unknown property id {unknown[0]!r}: run 'attnverify properties' for the list"
+        )
+    universal = [c for c in chosen if PROPERTIES[c].universal]
+    if universal:
+        raise UsageError(f"{universal[0]!r} is universal: it is always checked, not claimed")
+    return list(dict.fromkeys(chosen))
+
+
+def certify_target(
+    spec: NormalizerSpec,
+    claims: list[str] | None = None,
+    ctx: Context | None = None,
+    *,
+    label: str | None = None,
+    progress=None,
+) -> TargetResult:
+    """Check the universal properties and the claims of one normalizer."""
+    ctx = ctx or make_context()
+    chosen = resolve_claims(spec, claims)
+    result = TargetResult(target=label or spec.id, claims=chosen, params=dict(spec.params))
+    for prop in properties_for(chosen, ctx):
+        result.results.append(run_property(prop, spec, ctx, claimed=True))
+        if progress is not None:
+            progress(result.target, result.results[-1])
+    return result
+
+
+class _State:
+    def __init__(self) -> None:
+        self.examples = 0
+        self.worst = 0.0
+        self.last: Any = None
+
+
+def run_property(
+    prop: Property, spec: NormalizerSpec, ctx: Context, *, claimed: bool = True
+) -> PropertyResult:
+    """Run one property under Hypothesis; never raises for the normalizer's faults."""
+    start = time.perf_counter()
+    reason = prop.applies(spec, ctx)
+    if reason:
+        return PropertyResult(prop.id, claimed, "not_applicable", message=reason)
+    state = _State()
+    try:
+        _hypothesis_test(prop, spec, ctx, state)()
+    except Violation as v:
+        return _finish(prop, claimed, "violated", state, start, v.message, v, spec)
+    except hypothesis.errors.Unsatisfiable as exc:
+        return _finish(prop, claimed, "error", state, start, f"no valid case: {exc}", None, spec)
+    except NormalizerError as exc:
+        message = f"the normalizer raised {exc}"
+        return _finish(prop, claimed, "error", state, start, message, None, spec)
+    except Exception as exc:  # noqa: BLE001 - a fault of the suite, reported as such
+        message = f"internal error in attnverify ({type(exc).__name__}: {_first_line(exc)})"
+        return _finish(prop, claimed, "error", state, start, message, None, spec)
+    return _finish(prop, claimed, "holds", state, start, "", None, spec)
+
+
+def _hypothesis_test(prop: Property, spec: NormalizerSpec, ctx: Context, state: _State):
+    def body(case):
+        state.examples += 1
+        state.last = case
+        ratio = float(prop.check(spec, case, ctx))
+        if math.isfinite(ratio):
+            hypothesis.target(min(ratio, 1e12), label=prop.id)
+            state.worst = max(state.worst, ratio)
+
+    examples = max(1, int(round(ctx.max_examples * prop.examples_scale)))
+    conf = settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+        verbosity=Verbosity.quiet,
+        phases=[Phase.explicit, Phase.generate, Phase.target, Phase.shrink],
+        print_blob=False,
+    )
+    test = given(prop.cases(spec, ctx))(body)
+    for case in prop.explicit(spec, ctx):
+        test = hypothesis.example(case)(test)
+    return hypothesis.seed(ctx.seed)(conf(test))
+
+
+def _finish(prop, claimed, status, state, start, message, violation, spec) -> PropertyResult:
+    worst = state.worst
+    counterexample = None
+    if status in ("violated", "error") and state.last is not None:
+        counterexample = describe_case(state.last, spec)
+        if violation is not None:
+            worst = max(worst, violation.ratio)
+            counterexample.update(
+                observed=violation.observed, bound=violation.bound, ratio=violation.ratio,
+                **{k: _jsonable(v) for k, v in violation.details.items()},
+            )
+        counterexample["repro"] = repro_line(spec, state.last, prop.id)
+    return PropertyResult(
+        property=prop.id,
+        claimed=claimed,
+        status=status,
+        examples=state.examples,
+        worst_ratio=worst,
+        counterexample=counterexample,
+        message=message,
+        elapsed_s=time.perf_counter() - start,
+    )
+
+
+def describe_case(case: Any, spec: NormalizerSpec) -> dict[str, Any]:
+    """A JSON-able description of a case: small tensors in full, large ones by shape."""
+    out: dict[str, Any] = {}
+    for name, value in case._asdict().items():
+        if isinstance(value, torch.Tensor):
+            out[name] = _tensor_json(value)
+            if name == "scores":
+                out["dtype"] = describe_dtype(value.dtype)
+                out["shape"] = list(value.shape)
+        else:
+            out[name] = _jsonable(value)
+    out["params"] = {k: _jsonable(v) for k, v in spec.params.items()}
+    return out
+
+
+MAX_INLINE = 256
+
+
+def _tensor_json(t: torch.Tensor):
+    if t.numel() > MAX_INLINE:
+        return {"shape": list(t.shape), "dtype": describe_dtype(t.dtype), "inline": False}
+    return [_jsonable(v) for v in t.detach().cpu().to(torch.float64).flatten().tolist()] if (
+        t.dim() <= 1
+    ) else [[_jsonable(v) for v in row] for row in t.detach().cpu().to(torch.float64).reshape(
+        t.shape[0], -1).tolist()]
+
+
+def repro_line(spec: NormalizerSpec, case: Any, prop_id: str) -> str:
+    """One line that reproduces the failing call (inline scores when small)."""
+    scores = getattr(case, "scores", None)
+    target = spec.source.split(" ", 1)[-1] if spec.source != "builtin" else spec.id
+    if isinstance(scores, torch.Tensor) and scores.numel() <= 64:
+        rows = scores.detach().cpu().to(torch.float64).tolist()
+        temp = getattr(case, "temperature", None)
+        extra = f", temperature={temp!r}" if temp is not None and spec.takes_temperature else ""
+        return (
+            "python -c \"import torch; from attnverify import load_target; "
+            f"f = load_target('{target}', {dict(spec.params)!r}); "
+            f"z = torch.tensor({_py_literal(rows)}, dtype=torch.{describe_dtype(scores.dtype)}); "
+            f"print(f(z, dim=-1{extra}))\""
+        )
+    return f"attnverify certify {target} --claims {prop_id} --seed <seed> (case too large to inline)"
+
+
+def _py_literal(value) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_py_literal(v) for v in value) + "]"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "float('nan')" if math.isnan(value) else f"float('{'-' if value < 0 else ''}inf')"
+    return repr(value)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return value
+    if isinstance(value, torch.dtype):
+        return describe_dtype(value)
+    if isinstance(value, torch.Tensor):
+        return _tensor_json(value)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    return str(value)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,157 @@
+"""The property record, the violation it raises, and the context it runs in.
+
+A property has an id (its report key), a one-line statement, an applicability rule, a case
+strategy and a check. The check raises :class:`Violation` with the observed value, the bound and
+their ratio; it returns the ratio (≤ 1 when the property holds with room) so that the search can
+steer towards the worst case with ``hypothesis.target``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from attnverify.registry import NormalizerSpec
+from attnverify.tolerances import Tol, tol_for
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+class Violation(AssertionError):
+    """A claimed property failed on a concrete input."""
+
+    def __init__(self, message: str, *, observed: float, bound: float, ratio: float, **details):
+        super().__init__(message)
+        self.message = message
+        self.observed = float(observed)
+        self.bound = float(bound)
+        self.ratio = float(ratio)
+        self.details = details
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where and how a property runs: profile limits, dtypes, device, seed."""
+
+    profile: str = "ci"
+    max_examples: int = 60
+    max_length: int = 4096
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
+    device: str = "cpu"
+    seed: int = 0
+
+    @property
+    def full_dtypes(self) -> tuple[torch.dtype, ...]:
+        """Dtypes checked directly (float32 / float64); half types are checked by agreement."""
+        full = tuple(d for d in self.dtypes if d not in LOW_PRECISION)
+        return full or (torch.float32,)
+
+    @property
+    def low_dtypes(self) -> tuple[torch.dtype, ...]:
+        return tuple(d for d in self.dtypes if d in LOW_PRECISION)
+
+
+@dataclass(frozen=True)
+class Property:
+    """A checkable statement about a normalizer.
+
+    ``applies(spec, ctx)`` returns ``None`` when the property applies, else the reason it does
+    not; ``cases(spec, ctx)`` is a Hypothesis strategy of inputs; ``check(spec, case, ctx)``
+    returns the ratio observed / allowed or raises :class:`Violation`.
+    """
+
+    id: str
+    statement: str
+    cases: Callable[[NormalizerSpec, Context], Any]
+    check: Callable[[NormalizerSpec, Any, Context], float]
+    applies: Callable[[NormalizerSpec, Context], str | None] = lambda spec, ctx: None
+    explicit: Callable[[NormalizerSpec, Context], list[Any]] = lambda spec, ctx: []
+    universal: bool = False
+    source: str = "attnverify"
+    examples_scale: float = 1.0
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+# --------------------------------------------------------------------------------------------
+# Shared helpers for checks
+
+
+class NormalizerError(Exception):
+    """The normalizer under test raised; ``cause`` is its exception."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(f"{type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}")
+        self.cause = cause
+
+
+def call(spec: NormalizerSpec, scores: torch.Tensor, temperature: float | None = None, **kw):
+    """Call the normalizer with its parameters, adding ``temperature`` only where it applies.
+
+    Whatever the normalizer raises comes back as :class:`NormalizerError`, so that a fault of the
+    normalizer is told apart from a fault of the suite.
+    """
+    if temperature is not None and spec.takes_temperature:
+        kw["temperature"] = temperature
+    try:
+        return spec(scores, dim=-1, **kw)
+    except Exception as exc:  # noqa: BLE001
+        raise NormalizerError(exc) from exc
+
+
+def as_float64(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(device="cpu", dtype=torch.float64)
+
+
+def tol(dtype: torch.dtype) -> Tol:
+    return tol_for(dtype)
+
+
+def sum_tolerance(dtype: torch.dtype, length: int) -> float:
+    """Allowed |row sum − target|: the dtype's atol plus rtol grown with √L (summation error).
+
+    At L = 4096 in float32 this is about 9e-5: a 1e-3 error in a row sum is always caught.
+    """
+    t = tol(dtype)
+    return t.atol + t.rtol * math.sqrt(max(length, 1))
+
+
+def close_mask(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
+    """Elementwise ``|got − want| ≤ scale·(atol + rtol·|want|)`` in float64; returns (ok, excess).
+
+    ``excess`` is the largest ratio |diff| / allowed, so ≤ 1 means within tolerance.
+    """
+    t = tol(dtype)
+    g, w = as_float64(got), as_float64(want)
+    allowed = scale * (t.atol + t.rtol * w.abs())
+    diff = (g - w).abs()
+    both_nan = torch.isnan(g) & torch.isnan(w)
+    same_inf = torch.isinf(g) & (g == w)
+    diff = torch.where(both_nan | same_inf, torch.zeros_like(diff), diff)
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
+    ratio = diff / allowed
+    return bool((ratio <= 1).all()), float(ratio.max()) if ratio.numel() else 0.0
+
+
+def mismatch_message(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, scale=1.0) -> str:
+    """torch.testing-style summary: "Mismatched elements: 3 / 100 (3.0%) …"."""
+    t = tol(dtype)
+    g, w = as_float64(got), as_float64(want)
+    allowed = scale * (t.atol + t.rtol * w.abs())
+    diff = (g - w).abs().nan_to_num(nan=math.inf)
+    bad = diff > allowed
+    n, total = int(bad.sum()), diff.numel()
+    idx = int(torch.argmax(diff - allowed)) if total else 0
+    flat_d, flat_a = diff.flatten(), allowed.flatten()
+    return (
+        f"Mismatched elements: {n} / {total} ({100.0 * n / max(total, 1):.1f}%); "
+        f"greatest absolute difference: {float(flat_d[idx]):.3g} at index {idx} "
+        f"(up to {float(flat_a[idx]):.3g} allowed)"
+    )
+
+
+def describe_dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,291 @@
+"""Checks every normalizer must pass (INTERFACES.md, "Universal"), and the claimable ones about
+the output space and invariances. Each takes ``(spec, case, ctx)`` where ``case.scores`` is a
+``[batch, L]`` tensor (``-inf`` = masked) and ``case.temperature`` a float or ``None``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnverify.checks.base import (
+    Violation,
+    as_float64,
+    call,
+    close_mask,
+    describe_dtype,
+    mismatch_message,
+    sum_tolerance,
+    tol,
+)
+
+NEG_INF = float("-inf")
+
+
+def _out(spec, case, scores=None):
+    return call(spec, case.scores if scores is None else scores, case.temperature)
+
+
+def _live_rows(scores: torch.Tensor) -> torch.Tensor:
+    """Rows with at least one unmasked key."""
+    return (scores != NEG_INF).any(dim=-1)
+
+
+def check_shape(spec, case, ctx) -> float:
+    out = _out(spec, case)
+    if not isinstance(out, torch.Tensor):
+        raise Violation(f"returned {type(out).__name__}, not a tensor", observed=1, bound=0,
+                        ratio=math.inf)
+    if out.shape != case.scores.shape or out.dtype != case.scores.dtype:
+        raise Violation(
+            f"out.shape={tuple(out.shape)} dtype={describe_dtype(out.dtype)}, but should be "
+            f"{tuple(case.scores.shape)} {describe_dtype(case.scores.dtype)}",
+            observed=out.numel(), bound=case.scores.numel(), ratio=math.inf,
+        )
+    if out.device != case.scores.device:
+        raise Violation(f"output on {out.device}, input on {case.scores.device}",
+                        observed=1, bound=0, ratio=math.inf)
+    return 0.0
+
+
+def check_finite(spec, case, ctx) -> float:
+    out = _out(spec, case)
+    bad = ~torch.isfinite(out)
+    if bool(bad.any()):
+        n = int(bad.sum())
+        raise Violation(
+            f"{n} / {out.numel()} weights are not finite (e.g. {float(out[bad][0])}) for finite "
+            f"scores with max |score| = {float(case.scores.abs().max()):.3g}",
+            observed=n, bound=0, ratio=math.inf,
+        )
+    return 0.0
+
+
+def check_deterministic(spec, case, ctx) -> float:
+    first = _out(spec, case)
+    again = _out(spec, case, case.scores.clone())
+    if not torch.equal(first.nan_to_num(), again.nan_to_num()):
+        diff = float((as_float64(first) - as_float64(again)).abs().nan_to_num(math.inf).max())
+        raise Violation(
+            f"two calls on equal inputs differ by up to {diff:.3g} (bitwise equality expected)",
+            observed=diff, bound=0, ratio=math.inf,
+        )
+    return 0.0
+
+
+def check_no_mutation(spec, case, ctx) -> float:
+    scores = case.scores.clone()
+    before = scores.clone()
+    _out(spec, case, scores)
+    if not torch.equal(scores.nan_to_num(), before.nan_to_num()):
+        changed = int((scores != before).sum())
+        raise Violation(f"the input tensor was modified in place ({changed} entries changed)",
+                        observed=changed, bound=0, ratio=math.inf)
+    return 0.0
+
+
+def check_permutation_equivariant(spec, case, ctx) -> float:
+    scores = case.scores
+    g = torch.Generator().manual_seed(int(case.seed) + 1)
+    perm = torch.randperm(scores.shape[-1], generator=g).to(scores.device)
+    want = _out(spec, case)[..., perm]
+    got = _out(spec, case, scores[..., perm].contiguous())
+    ok, excess = close_mask(got, want, scores.dtype)
+    if not ok:
+        raise Violation(
+            f"f(z[perm]) != f(z)[perm]: {mismatch_message(got, want, scores.dtype)}",
+            observed=excess, bound=1, ratio=excess, perm=perm.tolist()[:64],
+        )
+    return excess
+
+
+def check_mask_zero(spec, case, ctx) -> float:
+    """Masking key k gives it weight exactly 0 and leaves the row without k unchanged."""
+    scores = case.scores
+    length = scores.shape[-1]
+    if length < 2:
+        return 0.0
+    g = torch.Generator().manual_seed(int(case.seed) + 2)
+    live = scores != NEG_INF
+    pick = torch.rand(scores.shape, generator=g).to(scores.device) < 0.3
+    pick &= live
+    # keep at least one live key per row
+    first_live = live.float().argmax(dim=-1, keepdim=True)
+    pick.scatter_(-1, first_live, False)
+    masked = scores.masked_fill(pick, NEG_INF)
+    out = _out(spec, case, masked)
+    leaked = out[pick]
+    if leaked.numel() and bool((leaked != 0).any()):
+        worst = float(leaked.abs().max())
+        raise Violation(f"a masked key got weight {worst:.3g}, not exactly 0",
+                        observed=worst, bound=0, ratio=math.inf)
+    excess = 0.0
+    for r in range(scores.shape[0]):
+        keep = ~pick[r]
+        want = _out(spec, case, scores[r : r + 1, keep])
+        ok, ex = close_mask(out[r : r + 1, keep], want, scores.dtype)
+        excess = max(excess, ex)
+        if not ok:
+            raise Violation(
+                f"row {r}: weights with keys masked differ from the row without those keys: "
+                f"{mismatch_message(out[r:r + 1, keep], want, scores.dtype)}",
+                observed=ex, bound=1, ratio=ex, row=r, masked=pick[r].nonzero().flatten().tolist(),
+            )
+    return excess
+
+
+def check_batch_independent(spec, case, ctx) -> float:
+    """Each row alone, and inside a batch of very different rows, gives the same weights."""
+    scores = case.scores
+    out = _out(spec, case)
+    g = torch.Generator().manual_seed(int(case.seed) + 3)
+    other = torch.randn(scores.shape, generator=g, dtype=torch.float64) * 1e3
+    excess = 0.0
+    for r in range(scores.shape[0]):
+        alone = _out(spec, case, scores[r : r + 1])
+        mixed = other.to(scores.dtype).to(scores.device)
+        mixed[0] = scores[r]
+        among = _out(spec, case, mixed)[:1]
+        for label, got in (("alone", alone), ("next to rows of scale 1e3", among)):
+            ok, ex = close_mask(got, out[r : r + 1], scores.dtype)
+            excess = max(excess, ex)
+            if not ok:
+                raise Violation(
+                    f"row {r} computed {label} differs from the same row in its batch: "
+                    f"{mismatch_message(got, out[r:r + 1], scores.dtype)}",
+                    observed=ex, bound=1, ratio=ex, row=r,
+                )
+    return excess
+
+
+def check_low_precision(spec, case, ctx) -> float:
+    """Half-precision weights agree with the float64 weights of the same (rounded) scores."""
+    out = _out(spec, case)
+    want = _out(spec, case, case.scores.to(torch.float64))
+    ok, excess = close_mask(out, want, case.scores.dtype)
+    if not ok:
+        raise Violation(
+            f"{describe_dtype(case.scores.dtype)} result vs float64 result of the same scores: "
+            f"{mismatch_message(out, want, case.scores.dtype)}",
+            observed=excess, bound=1, ratio=excess,
+        )
+    return excess
+
+
+# --------------------------------------------------------------------------------------------
+# Output spaces
+
+
+def _neg_check(out: torch.Tensor, dtype) -> None:
+    lowest = float(out.min()) if out.numel() else 0.0
+    if lowest < -tol(dtype).atol:
+        raise Violation(f"negative weight {lowest:.3g}", observed=lowest, bound=0,
+                        ratio=math.inf)
+
+
+def _sum_check(out, scores, target_le: bool) -> float:
+    live = _live_rows(scores)
+    if not bool(live.any()):
+        return 0.0
+    sums = as_float64(out).sum(dim=-1)[live.cpu()]
+    allowed = sum_tolerance(scores.dtype, scores.shape[-1])
+    err = (sums - 1.0).clamp_min(0.0) if target_le else (sums - 1.0).abs()
+    worst = float(err.max())
+    if worst > allowed or math.isnan(worst):
+        row = int(err.argmax())
+        relation = "≤ 1" if target_le else "= 1"
+        raise Violation(
+            f"row sum {float(sums[row]):.10g} should be {relation} (allowed error {allowed:.2g})",
+            observed=float(sums[row]), bound=1.0 + allowed, ratio=worst / allowed,
+        )
+    return worst / allowed
+
+
+def check_simplex(spec, case, ctx) -> float:
+    out = _out(spec, case)
+    _neg_check(out, case.scores.dtype)
+    return _sum_check(out, case.scores, target_le=False)
+
+
+def check_sub_simplex(spec, case, ctx) -> float:
+    out = _out(spec, case)
+    _neg_check(out, case.scores.dtype)
+    return _sum_check(out, case.scores, target_le=True)
+
+
+def check_nonnegative(spec, case, ctx) -> float:
+    _neg_check(_out(spec, case), case.scores.dtype)
+    return 0.0
+
+
+def check_affine_sum(spec, case, ctx) -> float:
+    return _sum_check(_out(spec, case), case.scores, target_le=False)
+
+
+def check_shift_invariant(spec, case, ctx) -> float:
+    """f(z + c) = f(z) for a per-row constant c; tolerance grows with |c|·eps (rounding z + c)."""
+    scores = case.scores
+    g = torch.Generator().manual_seed(int(case.seed) + 4)
+    finite = scores[torch.isfinite(scores)]
+    scale = float(finite.abs().max()) if finite.numel() else 1.0
+    c = (torch.rand(scores.shape[0], 1, generator=g, dtype=torch.float64) - 0.5) * 20
+    shifted = (scores.to(torch.float64) + c).to(scores.dtype)
+    got, want = _out(spec, case, shifted), _out(spec, case)
+    t = case.temperature or 1.0
+    eps = torch.finfo(scores.dtype).eps
+    slack = 1.0 + (scale + 10.0) * eps / (t * tol(scores.dtype).rtol)
+    ok, excess = close_mask(got, want, scores.dtype, scale=slack)
+    if not ok:
+        raise Violation(
+            f"f(z + c) != f(z) (c per row in [-10, 10]): "
+            f"{mismatch_message(got, want, scores.dtype, slack)}",
+            observed=excess, bound=1, ratio=excess, shift=c.flatten().tolist(),
+        )
+    return excess
+
+
+def check_order_preserving(spec, case, ctx) -> float:
+    """z_i < z_j ⇒ α_i ≤ α_j and z_i = z_j ⇒ α_i = α_j over unmasked keys, within tolerance."""
+    scores, out = case.scores, as_float64(_out(spec, case))
+    z = as_float64(scores)
+    order = torch.argsort(z, dim=-1, stable=True)
+    zs, ws = z.gather(-1, order), out.gather(-1, order)
+    t = tol(scores.dtype)
+    allowed = t.atol + t.rtol * ws.abs()
+    drop = (ws[..., :-1] - ws[..., 1:]) / allowed[..., 1:]
+    tie = zs[..., :-1] == zs[..., 1:]
+    ratio = torch.where(tie, drop.abs(), drop).nan_to_num(nan=math.inf)
+    live = (zs[..., :-1] != NEG_INF) & (zs[..., 1:] != NEG_INF)  # masked keys are not ranked
+    ratio = torch.where(live, ratio, torch.zeros_like(ratio))
+    worst = float(ratio.max()) if ratio.numel() else 0.0
+    if worst > 1:
+        r, i = divmod(int(ratio.argmax()), ratio.shape[-1])
+        a, b = int(order[r, i]), int(order[r, i + 1])
+        raise Violation(
+            f"row {r}: z[{a}]={float(z[r, a]):.6g} ≤ z[{b}]={float(z[r, b]):.6g} but "
+            f"w[{a}]={float(out[r, a]):.6g} > w[{b}]={float(out[r, b]):.6g}",
+            observed=worst, bound=1, ratio=worst,
+        )
+    return max(worst, 0.0)
+
+
+def check_fully_masked_row(spec, case, ctx) -> float:
+    """A fully masked row returns all zeros and does not raise; the other rows are unchanged."""
+    scores = case.scores.clone()
+    scores[0] = NEG_INF
+    out = _out(spec, case, scores)
+    row = out[0]
+    if not bool((row == 0).all()):
+        bad = row[row != 0]
+        raise Violation(f"fully masked row gave {float(bad[0])} (all zeros expected)",
+                        observed=float(bad.abs().nan_to_num(math.inf).max()), bound=0,
+                        ratio=math.inf)
+    if scores.shape[0] > 1:
+        want = _out(spec, case, scores[1:])
+        ok, excess = close_mask(out[1:], want, scores.dtype)
+        if not ok:
+            raise Violation("a fully masked row changed the other rows of the batch: "
+                            + mismatch_message(out[1:], want, scores.dtype),
+                            observed=excess, bound=1, ratio=excess)
+    return 0.0

@@ -1,0 +1,185 @@
+"""Subcommands of ``attnverify`` beyond ``list``: certify, properties, falsify, quantities, claims.
+
+Each entry of :data:`COMMANDS` is ``name -> (help, add_arguments, run)``; ``run`` returns the
+exit code (0 ok, 1 violated / falsified, 2 usage, raised as :class:`UsageError`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from attnverify.errors import UsageError
+
+PROFILE_CHOICES = ("dev", "ci", "thorough")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _add_search_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--params", default=None, help="normalizer parameters, k=v,k=v")
+    p.add_argument("--profile", choices=PROFILE_CHOICES, default=None,
+                   help="search budget (default: $ATTNVERIFY_PROFILE or ci)")
+    p.add_argument("--max-examples", type=_positive_int, default=None,
+                   help="examples per property (overrides the profile)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
+
+
+# --------------------------------------------------------------------------------------------
+# certify
+
+
+def _certify_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("targets", nargs="*", metavar="TARGET",
+                   help="built-in id, module:attr, file.py:attr or entry point (default: all "
+                   "built-ins)")
+    p.add_argument("--claims", default=None,
+                   help="comma-separated claims replacing the target's own ('' = none)")
+    _add_search_options(p)
+    p.add_argument("--dtypes", default=None, help="default float32,float64")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--json", dest="json_path", default=None, help="write the JSON certificate")
+    p.add_argument("--markdown", dest="markdown_path", default=None,
+                   help="write a Markdown certificate")
+    p.add_argument("--xfails", default=None,
+                   help="file of '<target>::<property>' substrings (# comments) expected to fail")
+    p.add_argument("--quiet", action="store_true", help="print only the verdict lines")
+
+
+def _run_certify(args) -> int:
+    from attnverify import report
+    from attnverify.certify import certify_target, make_context
+    from attnverify.registry import builtin_ids, load_target, parse_params
+    from attnverify.xfails import apply_xfails, load_xfails
+
+    ctx = make_context(args.profile, dtypes=args.dtypes, device=args.device,
+                       max_examples=args.max_examples, seed=args.seed)
+    params = parse_params(args.params)
+    claims = None if args.claims is None else [c.strip() for c in args.claims.split(",")
+                                                if c.strip()]
+    xfails = load_xfails(args.xfails) if args.xfails else None
+    targets = args.targets or builtin_ids()
+    specs = [(t, load_target(t, params)) for t in targets]  # resolve all before running any
+    from attnverify.certify import resolve_claims
+
+    for _, spec in specs:
+        resolve_claims(spec, claims)
+    results = []
+    for label, spec in specs:
+        results.append(certify_target(spec, claims, ctx, label=label,
+                                      progress=None if args.quiet else _progress))
+    data = report.certificate(results, ctx)
+    exit_code = 1 if any(t["verdict"] == "failed" for t in data["targets"]) else 0
+    if xfails is not None:
+        exit_code = apply_xfails(data, xfails)
+    if args.json_path:
+        report.write_json(args.json_path, data)
+    if args.markdown_path:
+        report.write_atomic(args.markdown_path, report.markdown(data))
+    text = report.terminal_table(data)
+    if args.quiet:
+        text = "\n".join(line for line in text.splitlines() if line.startswith("verdict:"))
+    print(text)
+    return exit_code
+
+
+def _progress(target: str, result) -> None:
+    print(f"  {target}: {result.property} … {result.status} "
+          f"({result.examples} examples, {result.elapsed_s:.2f}s)", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# properties / quantities
+
+
+def _run_properties(args) -> int:
+    from attnverify.checks import PROPERTIES
+
+    width = max(len(p) for p in PROPERTIES)
+    for kind, universal in (("universal (always checked)", True), ("claimable", False)):
+        print(f"{kind}:")
+        for prop in PROPERTIES.values():
+            if prop.universal == universal:
+                print(f"  {prop.id.ljust(width)}  {prop.statement}")
+    return 0
+
+
+def _run_quantities(args) -> int:
+    from attnverify.quantities import QUANTITIES
+
+    width = max(len(n) for n in QUANTITIES)
+    for name, q in QUANTITIES.items():
+        print(f"{name.ljust(width)}  {q.description}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# falsify
+
+
+def _falsify_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", metavar="TARGET")
+    p.add_argument("inequality", metavar="INEQUALITY", help='e.g. "jacobian_spectral <= 1/(4*T)"')
+    _add_search_options(p)
+    p.add_argument("--json", dest="json_path", default=None, help="write the result as JSON")
+
+
+def _run_falsify(args) -> int:
+    from attnverify.falsify import run_falsify_command
+
+    return run_falsify_command(args)
+
+
+# --------------------------------------------------------------------------------------------
+# claims
+
+
+def _claims_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", choices=PROFILE_CHOICES, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", dest="json_path", default=None, help="write the audit as JSON")
+    p.add_argument("--markdown", dest="markdown_path", default=None)
+
+
+def _run_claims(args) -> int:
+    from attnverify.claims import run_claims_command
+
+    return run_claims_command(args)
+
+
+def _none(p: argparse.ArgumentParser) -> None:
+    return None
+
+
+def _ensure(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+COMMANDS = {
+    "properties": ("property ids with a one-line statement each", _none, _run_properties),
+    "certify": ("check a normalizer's universal properties and claims", _certify_args,
+                _run_certify),
+}
+if _ensure("attnverify.quantities"):
+    COMMANDS["quantities"] = ("quantities usable in a falsify inequality", _none,
+                              _run_quantities)
+if _ensure("attnverify.falsify"):
+    COMMANDS["falsify"] = ("search for the smallest input that breaks an inequality",
+                           _falsify_args, _run_falsify)
+if _ensure("attnverify.claims"):
+    COMMANDS["claims"] = ("the audit of the papers' own claims (THEORY.md §7)", _claims_args,
+                          _run_claims)
+
+__all__ = ["COMMANDS", "UsageError"]

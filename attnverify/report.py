@@ -1,0 +1,144 @@
+"""Certificates: the JSON contract (schema_version 1), Markdown, and the terminal table.
+
+The report is built from results, never re-derived; files are written atomically (a temporary
+file in the same directory, then ``os.replace``), so a partial file never replaces a good one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from attnverify.certify import TargetResult
+from attnverify.checks.base import Context
+from attnverify.errors import UsageError
+
+SCHEMA_VERSION = 1
+
+
+def certificate(targets: Iterable[TargetResult], ctx: Context) -> dict[str, Any]:
+    from attnverify import __version__
+
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "attnverify_version": __version__,
+        "torch_version": torch.__version__,
+        "device": ctx.device,
+        "profile": ctx.profile,
+        "seed": ctx.seed,
+        "dtypes": [str(d).removeprefix("torch.") for d in ctx.dtypes],
+        "max_examples": ctx.max_examples,
+        "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
+        "targets": [t.to_json() for t in targets],
+    }
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically; unwritable destinations are usage errors."""
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(directory):
+        raise UsageError(f"cannot write {path!r}: directory {directory!r} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".attnverify-", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path!r}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    write_atomic(path, json.dumps(data, indent=2, allow_nan=False) + "\n")
+
+
+def _ratio(value) -> str:
+    if value is None:
+        return "-"
+    if value >= 1e300:
+        return "inf"
+    return f"{value:.3g}"
+
+
+def _status_cell(r) -> str:
+    return {"holds": "holds", "violated": "VIOLATED", "error": "ERROR",
+            "not_applicable": "n/a"}[r["status"]]
+
+
+def terminal_table(data: dict[str, Any]) -> str:
+    """Readable table per target with a verdict line and, per violation, witness and repro."""
+    lines = []
+    for target in data["targets"]:
+        lines.append(f"== {target['target']}  ({', '.join(target['claims']) or 'no claims'})")
+        rows = [("property", "claimed", "status", "examples", "worst ratio", "time")]
+        for r in target["results"]:
+            rows.append((r["property"], "yes" if r["claimed"] else "no", _status_cell(r),
+                         str(r["examples"]), _ratio(r["worst_ratio"]), f"{r['elapsed_s']:.2f}s"))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for i, row in enumerate(rows):
+            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+            if i == 0:
+                lines.append("  " + "  ".join("-" * w for w in widths))
+        for r in target["results"]:
+            if r["status"] in ("violated", "error"):
+                lines.extend(_violation_lines(r))
+            elif r["status"] == "not_applicable" and r["claimed"]:
+                lines.append(f"  note: {r['property']} not applicable: {r['message']}")
+        lines.append(f"verdict: {target['target']}: {target['verdict'].upper()}")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _violation_lines(r: dict[str, Any]) -> list[str]:
+    out = [f"  {r['property']}: {r['message']}"]
+    ce = r.get("counterexample") or {}
+    if ce:
+        scores = ce.get("scores")
+        if isinstance(scores, list):
+            out.append(f"    minimal counterexample ({ce.get('dtype')}, shape {ce.get('shape')}): "
+                       f"scores={json.dumps(scores)[:400]}")
+        extras = {k: ce[k] for k in ("temperature", "kind", "seed") if k in ce}
+        if extras:
+            out.append(f"    case: {extras}")
+        if "repro" in ce:
+            out.append(f"    repro: {ce['repro']}")
+    return out
+
+
+def markdown(data: dict[str, Any]) -> str:
+    lines = [
+        "# attnverify certificate",
+        "",
+        f"attnverify {data['attnverify_version']}, torch {data['torch_version']}, "
+        f"device {data['device']}, profile `{data['profile']}`, seed {data['seed']}, "
+        f"dtypes {', '.join(data.get('dtypes', []))}.",
+        "",
+    ]
+    for target in data["targets"]:
+        lines += [f"## `{target['target']}` — {target['verdict']}", "",
+                  "| property | claimed | status | examples | worst ratio | message |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for r in target["results"]:
+            msg = r["message"].replace("|", "\\|")
+            lines.append(f"| `{r['property']}` | {'yes' if r['claimed'] else 'no'} | "
+                         f"{_status_cell(r)} | {r['examples']} | {_ratio(r['worst_ratio'])} | "
+                         f"{msg} |")
+        for r in target["results"]:
+            ce = r.get("counterexample")
+            if ce and "repro" in ce:
+                lines += ["", f"**{r['property']}** counterexample:", "", "```",
+                          ce["repro"], "```"]
+        lines.append("")
+    return "\n".join(lines)
