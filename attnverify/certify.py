@@ -75,7 +75,7 @@ class TargetResult:
         return {
             "target": self.target,
             "claims": list(self.claims),
-            "params": {k: _jsonable(v) for k, v in self.params.items()},
+            "params": {k: jsonable(v) for k, v in self.params.items()},
             "verdict": self.verdict,
             "results": [r.to_json() for r in self.results],
         }
@@ -151,6 +151,7 @@ def certify_target(
     """Check the universal properties and the claims of one normalizer."""
     ctx = ctx or make_context()
     chosen = resolve_claims(spec, claims)
+    spec = spec.with_claims(chosen)
     result = TargetResult(target=label or spec.id, claims=chosen, params=dict(spec.params))
     for prop in properties_for(chosen, ctx):
         result.results.append(run_property(prop, spec, ctx, claimed=True))
@@ -178,10 +179,12 @@ def run_property(
     try:
         _hypothesis_test(prop, spec, ctx, state)()
     except Violation as v:
+        state.last = getattr(v, "attnverify_case", state.last)
         return _finish(prop, claimed, "violated", state, start, v.message, v, spec)
     except hypothesis.errors.Unsatisfiable as exc:
         return _finish(prop, claimed, "error", state, start, f"no valid case: {exc}", None, spec)
     except NormalizerError as exc:
+        state.last = getattr(exc, "attnverify_case", state.last)
         message = f"the normalizer raised {exc}"
         return _finish(prop, claimed, "error", state, start, message, None, spec)
     except Exception as exc:  # noqa: BLE001 - a fault of the suite, reported as such
@@ -194,7 +197,11 @@ def _hypothesis_test(prop: Property, spec: NormalizerSpec, ctx: Context, state: 
     def body(case):
         state.examples += 1
         state.last = case
-        ratio = float(prop.check(spec, case, ctx))
+        try:
+            ratio = float(prop.check(spec, case, ctx))
+        except Exception as exc:
+            exc.attnverify_case = case  # the failing case, whatever Hypothesis runs after it
+            raise
         if math.isfinite(ratio):
             hypothesis.target(min(ratio, 1e12), label=prop.id)
             state.worst = max(state.worst, ratio)
@@ -226,7 +233,7 @@ def _finish(prop, claimed, status, state, start, message, violation, spec) -> Pr
             worst = max(worst, violation.ratio)
             counterexample.update(
                 observed=violation.observed, bound=violation.bound, ratio=violation.ratio,
-                **{k: _jsonable(v) for k, v in violation.details.items()},
+                **{k: jsonable(v) for k, v in violation.details.items()},
             )
         counterexample["repro"] = repro_line(spec, state.last, prop.id)
     return PropertyResult(
@@ -251,8 +258,8 @@ def describe_case(case: Any, spec: NormalizerSpec) -> dict[str, Any]:
                 out["dtype"] = describe_dtype(value.dtype)
                 out["shape"] = list(value.shape)
         else:
-            out[name] = _jsonable(value)
-    out["params"] = {k: _jsonable(v) for k, v in spec.params.items()}
+            out[name] = jsonable(value)
+    out["params"] = {k: jsonable(v) for k, v in spec.params.items()}
     return out
 
 
@@ -262,9 +269,9 @@ MAX_INLINE = 256
 def _tensor_json(t: torch.Tensor):
     if t.numel() > MAX_INLINE:
         return {"shape": list(t.shape), "dtype": describe_dtype(t.dtype), "inline": False}
-    return [_jsonable(v) for v in t.detach().cpu().to(torch.float64).flatten().tolist()] if (
+    return [jsonable(v) for v in t.detach().cpu().to(torch.float64).flatten().tolist()] if (
         t.dim() <= 1
-    ) else [[_jsonable(v) for v in row] for row in t.detach().cpu().to(torch.float64).reshape(
+    ) else [[jsonable(v) for v in row] for row in t.detach().cpu().to(torch.float64).reshape(
         t.shape[0], -1).tolist()]
 
 
@@ -293,7 +300,7 @@ def _py_literal(value) -> str:
     return repr(value)
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     if isinstance(value, float):
         if math.isnan(value):
             return "nan"
@@ -305,9 +312,9 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return _tensor_json(value)
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if value is None or isinstance(value, (bool, int, str)):
         return value
     return str(value)

@@ -1,15 +1,90 @@
-"""pytest plugin (entry point ``pytest11``): run the property suite against a user's normalizer."""
+"""pytest plugin (entry point ``pytest11``): the property suite against a user's normalizer.
+
+    pytest --attnverify-target=mypkg.norms:my_softmax --attnverify-json=cert.json
+
+runs every universal property and every claim of the target as one test each, with ids
+``<target>::<property>`` (the same ids as ``--xfails`` files), and writes the JSON certificate of
+INTERFACES.md. Settings come from options or environment variables (``ATTNVERIFY_TARGET``,
+``ATTNVERIFY_PROFILE``, ...). Without a target the suite in ``properties/`` checks every
+built-in. Works under pytest-xdist: results travel to the controller, which writes the file.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
+
+import pytest
+
+SUITE = Path(__file__).with_name("suite.py")
+RESULT_KEY = "attnverify_result"
+
+_OPTIONS = [
+    ("target", "ATTNVERIFY_TARGET", "normalizer(s) under test, comma-separated: built-in id, "
+     "module:attr or file.py:attr (default: every built-in)"),
+    ("claims", "ATTNVERIFY_CLAIMS", "claims replacing the target's own, comma-separated"),
+    ("params", "ATTNVERIFY_PARAMS", "normalizer parameters k=v,k=v"),
+    ("profile", "ATTNVERIFY_PROFILE", "dev | ci | thorough (default ci)"),
+    ("seed", "ATTNVERIFY_SEED", "search seed (default 0)"),
+    ("max-examples", "ATTNVERIFY_MAX_EXAMPLES", "examples per property"),
+    ("dtypes", "ATTNVERIFY_DTYPES", "default float32,float64"),
+    ("device", "ATTNVERIFY_DEVICE", "cpu | cuda"),
+    ("json", "ATTNVERIFY_JSON", "write the JSON certificate here"),
+    ("markdown", "ATTNVERIFY_MARKDOWN", "write a Markdown certificate here"),
+    ("xfails", "ATTNVERIFY_XFAILS", "file of '<target>::<property>' substrings expected to fail"),
+]
 
 
 def pytest_addoption(parser):
-    group = parser.getgroup("attnverify")
-    group.addoption(
-        "--attnverify-target",
-        default=os.environ.get("ATTNVERIFY_TARGET"),
-        help="normalizer under test (built-in id, module:attr or file.py:attr); "
-        "env ATTNVERIFY_TARGET",
-    )
+    group = parser.getgroup("attnverify", "attnverify property suite")
+    for name, env, help_text in _OPTIONS:
+        group.addoption(f"--attnverify-{name}", default=os.environ.get(env),
+                        help=f"{help_text} [env {env}]")
+
+
+def option(config, name: str):
+    return config.getoption(f"--attnverify-{name.replace('_', '-')}")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "attnverify: a property of the attnverify suite")
+    config._attnverify_results = []
+    # A target given on the command line brings the suite with it, wherever pytest runs.
+    if option(config, "target") and not _suite_in_args(config):
+        config.args.append(str(SUITE))
+
+
+def _suite_in_args(config) -> bool:
+    for arg in config.args:
+        path = Path(str(arg).split("::")[0]).resolve()
+        if path == SUITE.resolve() or path.name == "properties" or "properties" in path.parts:
+            return True
+    return False
+
+
+#: Per-test result records, gathered on the controller (or the only process when serial).
+_COLLECTED: list = []
+
+
+def pytest_runtest_logreport(report):
+    for key, value in getattr(report, "user_properties", []):
+        if key == RESULT_KEY and report.when == "call":
+            _COLLECTED.append(json.loads(value))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if hasattr(config, "workerinput"):
+        return  # xdist worker: the controller writes the certificate
+    json_path, md_path = option(config, "json"), option(config, "markdown")
+    if not (json_path or md_path) or not _COLLECTED:
+        return
+    from attnverify import report
+    from attnverify.suite import certificate_from_records
+
+    data = certificate_from_records(config, _COLLECTED)
+    if json_path:
+        report.write_json(json_path, data)
+    if md_path:
+        report.write_atomic(md_path, report.markdown(data))

@@ -126,7 +126,7 @@ def close_mask(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, scale:
     """
     t = tol(dtype)
     g, w = as_float64(got), as_float64(want)
-    allowed = scale * (t.atol + t.rtol * w.abs())
+    allowed = scale * (t.atol + t.rtol * w.abs().nan_to_num(0.0, 0.0, 0.0))
     diff = (g - w).abs()
     both_nan = torch.isnan(g) & torch.isnan(w)
     same_inf = torch.isinf(g) & (g == w)
@@ -140,7 +140,7 @@ def mismatch_message(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, 
     """torch.testing-style summary: "Mismatched elements: 3 / 100 (3.0%) …"."""
     t = tol(dtype)
     g, w = as_float64(got), as_float64(want)
-    allowed = scale * (t.atol + t.rtol * w.abs())
+    allowed = scale * (t.atol + t.rtol * w.abs().nan_to_num(0.0, 0.0, 0.0))
     diff = (g - w).abs().nan_to_num(nan=math.inf)
     bad = diff > allowed
     n, total = int(bad.sum()), diff.numel()

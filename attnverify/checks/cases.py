@@ -75,11 +75,20 @@ def _temperature(spec: NormalizerSpec, *, low: float = 1e-3):
 # Rows
 
 
-def row_cases(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None, max_length=None,
-              min_batch=1):
+def _kinds(spec, kinds, allow_mask) -> tuple[str, ...]:
+    """Adversarial kinds for a spec: fully masked rows only for normalizers that claim to handle
+    them (``fully_masked_row``), masked keys only where ``allow_mask``."""
     kinds = tuple(kinds or S.ALL_KINDS)
     if not allow_mask:
         kinds = tuple(k for k in kinds if k not in S.MASK_KINDS)
+    if "fully_masked_row" not in spec.claims:
+        kinds = tuple(k for k in kinds if k != "fully_masked")
+    return kinds
+
+
+def row_cases(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None, max_length=None,
+              min_batch=1):
+    kinds = _kinds(spec, kinds, allow_mask)
     return st.builds(
         _row_case,
         S.logit_rows(
@@ -102,9 +111,7 @@ def _row_case(rows, temperature) -> RowCase:
 def row_battery(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None,
                 min_batch=1, long=True) -> list[RowCase]:
     """One explicit case per adversarial kind and dtype, a low-temperature one and a long row."""
-    kinds = tuple(kinds or S.ALL_KINDS)
-    if not allow_mask:
-        kinds = tuple(k for k in kinds if k not in S.MASK_KINDS)
+    kinds = _kinds(spec, kinds, allow_mask)
     dtypes = tuple(dtypes or ctx.full_dtypes)
     out = []
     for dtype in dtypes:

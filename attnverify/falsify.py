@@ -1,0 +1,287 @@
+"""``attnverify falsify``: search for the smallest input that breaks a proposed inequality.
+
+Two passes over the same seeded strategy of logit rows (and temperatures):
+
+1. **search** — Hypothesis explores and ``hypothesis.target`` maximises LHS/RHS; nothing is
+   raised, so the worst ratio over the whole budget is known;
+2. **shrink** — if any case failed, a second run raises on failure so that Hypothesis shrinks
+   to a minimal witness (shortest row, simplest kind, temperature 1). Should that run not meet
+   a failure (rare failures), the smallest failing case of the search stands as the witness.
+
+A case fails when ``LHS > RHS + atol + rtol·|RHS|`` with the float64 row of the tolerance table
+(NaN fails). Quantities that need a Jacobian limit the row length (see :data:`JACOBIAN_MAX_L`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import hypothesis
+import torch
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import strategies as st
+
+from attnverify import strategies as S
+from attnverify.checks.base import Context
+from attnverify.errors import UsageError
+from attnverify.expr import Inequality, parse_inequality
+from attnverify.quantities import QUANTITIES, evaluate_quantities
+from attnverify.registry import NormalizerSpec
+from attnverify.tolerances import tol_for
+
+F64 = torch.float64
+#: Longest row when an expression names an entry-wise Jacobian quantity (O(L²) work).
+JACOBIAN_MAX_L = 256
+ENTRYWISE = {"jacobian_entry", "jacobian_frobenius", "jacobian_l1_total"}
+KINDS = tuple(k for k in S.ALL_KINDS if k not in ("fully_masked", "mixed_scale"))
+
+
+class FalsifyCase(NamedTuple):
+    scores: torch.Tensor  # [L], float64
+    temperature: float | None
+    kind: str
+    seed: int
+
+
+@dataclass
+class Evaluation:
+    case: FalsifyCase
+    values: dict[str, float]
+    lhs: float
+    rhs: float
+    ratio: float
+    fails: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "L": int(self.case.scores.shape[-1]),
+            "scores": [_num(v) for v in self.case.scores.tolist()],
+            "temperature": self.case.temperature,
+            "kind": self.case.kind,
+            "seed": self.case.seed,
+            "quantities": {k: _num(v) for k, v in self.values.items()},
+            "lhs": _num(self.lhs),
+            "rhs": _num(self.rhs),
+            "ratio": _num(self.ratio),
+        }
+
+
+@dataclass
+class FalsifyResult:
+    target: str
+    inequality: Inequality
+    falsified: bool
+    examples: int
+    elapsed_s: float
+    worst: Evaluation | None
+    witness: Evaluation | None
+    params: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+
+class _Failed(AssertionError):
+    pass
+
+
+def case_strategy(spec: NormalizerSpec, ctx: Context, ineq: Inequality):
+    max_length = ctx.max_length
+    if ineq.names & ENTRYWISE:
+        max_length = min(max_length, JACOBIAN_MAX_L)
+    temperature = S.temperatures() if spec.takes_temperature else st.none()
+    return st.builds(
+        lambda rows, t: FalsifyCase(rows.scores[0], t, rows.kind, rows.seed),
+        S.logit_rows(min_length=1, max_length=max_length, batch=1, dtypes=(F64,), kinds=KINDS,
+                     device="cpu"),
+        temperature,
+    )
+
+
+def explicit_cases(spec: NormalizerSpec) -> list[FalsifyCase]:
+    """Small adversarial rows every search tries first (ties, a two-way tie, a peak, …)."""
+    t = 1.0 if spec.takes_temperature else None
+    out = []
+    for length in (2, 3, 8):
+        for kind in KINDS:
+            if kind == "single":
+                continue
+            rows = S.build_rows(kind, length=length, batch=1, dtype=F64, seed=1)
+            out.append(FalsifyCase(rows.scores[0], t, kind, 1))
+    return out
+
+
+def evaluate(spec, ineq: Inequality, case: FalsifyCase, params) -> Evaluation:
+    values = evaluate_quantities(ineq.names, spec, case.scores, case.temperature, params)
+    lhs, rhs = ineq.evaluate(values)
+    ratio = float(ineq.ratio(values))
+    t = tol_for(F64)
+    return Evaluation(case, values, float(lhs), float(rhs), ratio,
+                      not ineq.holds(values, rtol=t.rtol, atol=t.atol))
+
+
+def _settings(examples: int, phases) -> settings:
+    return settings(max_examples=examples, deadline=None, database=None, derandomize=False,
+                    report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
+                    verbosity=Verbosity.quiet, phases=phases, print_blob=False)
+
+
+def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None = None,
+            params: dict[str, Any] | None = None) -> FalsifyResult:
+    """Search for a case where the inequality ``text`` fails (see the module docstring)."""
+    ineq = parse_inequality(text, QUANTITIES)
+    params = dict(params or {})
+    start = time.perf_counter()
+    strategy = case_strategy(spec, ctx, ineq)
+    found: dict[str, Any] = {"n": 0, "worst": None, "smallest": None}
+
+    def record(ev: Evaluation) -> None:
+        found["n"] += 1
+        if found["worst"] is None or _key(ev) > _key(found["worst"]):
+            found["worst"] = ev
+        if ev.fails and (found["smallest"] is None
+                         or _size(ev) < _size(found["smallest"])):
+            found["smallest"] = ev
+
+    def better(a: Evaluation | None, b: Evaluation | None) -> Evaluation | None:
+        if a is None or b is None:
+            return a or b
+        return a if _size(a) <= _size(b) else b
+
+    def search(case: FalsifyCase) -> None:
+        ev = evaluate(spec, ineq, case, params)
+        record(ev)
+        if math.isfinite(ev.ratio):
+            hypothesis.target(max(min(ev.ratio, 1e12), -1e12), label="lhs/rhs")
+
+    test = given(strategy)(search)
+    for case in explicit_cases(spec):
+        test = hypothesis.example(case)(test)
+    hypothesis.seed(ctx.seed)(_settings(ctx.max_examples, [Phase.explicit, Phase.generate,
+                                                           Phase.target])(test))()
+    witness = found["smallest"]
+    if witness is not None:
+        witness = better(_shrink(spec, ineq, strategy, ctx, params), witness)
+    return FalsifyResult(
+        target=label or spec.id, inequality=ineq, falsified=witness is not None,
+        examples=found["n"], elapsed_s=time.perf_counter() - start, worst=found["worst"],
+        witness=witness, params=dict(params),
+    )
+
+
+def _shrink(spec, ineq, strategy, ctx, params) -> Evaluation | None:
+    last: dict[str, Evaluation] = {}
+
+    def must_hold(case: FalsifyCase) -> None:
+        ev = evaluate(spec, ineq, case, params)
+        if ev.fails:
+            last["ev"] = ev
+            raise _Failed()
+
+    test = given(strategy)(must_hold)
+    try:
+        hypothesis.seed(ctx.seed)(_settings(ctx.max_examples,
+                                            [Phase.generate, Phase.target, Phase.shrink])(test))()
+    except _Failed:
+        return last.get("ev")
+    return None
+
+
+def _key(ev: Evaluation) -> float:
+    return -math.inf if math.isnan(ev.ratio) else ev.ratio
+
+
+def _size(ev: Evaluation) -> tuple[int, float, int]:
+    """Witness order: shortest row first, then the largest violation, then the simplest kind."""
+    kind = KINDS.index(ev.case.kind) if ev.case.kind in KINDS else len(KINDS)
+    return (int(ev.case.scores.shape[-1]), -_key(ev), kind)
+
+
+def _num(v: float) -> Any:
+    v = float(v)
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return v
+
+
+# --------------------------------------------------------------------------------------------
+# Command
+
+
+def result_json(res: FalsifyResult, ctx: Context) -> dict[str, Any]:
+    from attnverify import __version__
+
+    return {
+        "schema_version": 1,
+        "attnverify_version": __version__,
+        "torch_version": torch.__version__,
+        "target": res.target,
+        "inequality": res.inequality.text,
+        "normalized": res.inequality.normalized,
+        "params": {k: v if not isinstance(v, float) else _num(v) for k, v in res.params.items()},
+        "profile": ctx.profile,
+        "seed": ctx.seed,
+        "falsified": res.falsified,
+        "examples": res.examples,
+        "elapsed_s": round(res.elapsed_s, 3),
+        "worst_ratio": _num(res.worst.ratio) if res.worst else None,
+        "worst_case": res.worst.to_json() if res.worst else None,
+        "witness": res.witness.to_json() if res.witness else None,
+        "repro": repro(res, ctx),
+    }
+
+
+def repro(res: FalsifyResult, ctx: Context) -> str:
+    params = ",".join(f"{k}={v}" for k, v in res.params.items() if v is not None)
+    extra = f" --params {params}" if params else ""
+    return (f"attnverify falsify {res.target} \"{res.inequality.text}\"{extra} "
+            f"--profile {ctx.profile} --seed {ctx.seed}")
+
+
+def summary(res: FalsifyResult, ctx: Context) -> str:
+    lines = []
+    head = "FALSIFIED" if res.falsified else "not falsified"
+    lines.append(f"{head}: {res.inequality.normalized}  [{res.target}]  "
+                 f"({res.examples} cases, {res.elapsed_s:.1f}s, profile {ctx.profile}, "
+                 f"seed {ctx.seed})")
+    if res.witness:
+        w = res.witness
+        scores = ", ".join(f"{v:.6g}" for v in w.case.scores.tolist()[:16])
+        more = " …" if w.case.scores.numel() > 16 else ""
+        t = "" if w.case.temperature is None else f", T={w.case.temperature:g}"
+        lines.append(f"  minimal witness: L={w.case.scores.numel()}{t}, kind {w.case.kind}, "
+                     f"scores=[{scores}{more}]")
+        vals = ", ".join(f"{k}={v:.6g}" for k, v in w.values.items())
+        lines.append(f"  at the witness: {vals}; LHS={w.lhs:.6g} RHS={w.rhs:.6g} "
+                     f"ratio={w.ratio:.4g}")
+    if res.worst:
+        lines.append(f"  worst ratio LHS/RHS found: {res.worst.ratio:.6g} "
+                     f"(L={res.worst.case.scores.numel()}, kind {res.worst.case.kind})")
+    lines.append(f"  repro: {repro(res, ctx)}")
+    return "\n".join(lines)
+
+
+def run_falsify_command(args) -> int:
+    from attnverify.certify import make_context
+    from attnverify.registry import load_target, parse_params
+    from attnverify.report import write_json
+
+    ctx = make_context(args.profile, max_examples=args.max_examples, seed=args.seed)
+    params = parse_params(args.params)
+    spec = load_target(args.target, params)
+    parse_inequality(args.inequality, QUANTITIES)  # a usage error before any work
+    try:
+        res = falsify(spec, args.inequality, ctx, label=args.target)
+        res.params = params
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the normalizer raised during the search
+        print(f"error: the normalizer raised {type(exc).__name__}: {exc}".splitlines()[0])
+        return 1
+    print(summary(res, ctx))
+    if args.json_path:
+        write_json(args.json_path, result_json(res, ctx))
+    return 1 if res.falsified else 0
