@@ -167,44 +167,65 @@ class _State:
         self.last: Any = None
 
 
+def _size(case: Any) -> int:
+    scores = getattr(case, "scores", None)
+    return int(scores.numel()) if isinstance(scores, torch.Tensor) else 0
+
+
 def run_property(
     prop: Property, spec: NormalizerSpec, ctx: Context, *, claimed: bool = True
 ) -> PropertyResult:
-    """Run one property under Hypothesis; never raises for the normalizer's faults."""
+    """Run one property: the adversarial battery first, then Hypothesis; never raises for the
+    normalizer's faults. A failure is reported on the smallest failing case found (the
+    battery's, or Hypothesis's shrunk one)."""
     start = time.perf_counter()
     reason = prop.applies(spec, ctx)
     if reason:
         return PropertyResult(prop.id, claimed, "not_applicable", message=reason)
     state = _State()
+    failures: list[tuple[Any, BaseException]] = []
+    for case in prop.explicit(spec, ctx):
+        try:
+            _evaluate(prop, spec, ctx, state, case)
+        except Exception as exc:  # noqa: BLE001 - classified below
+            failures.append((case, exc))
     try:
         _hypothesis_test(prop, spec, ctx, state)()
-    except Violation as v:
-        state.last = getattr(v, "attnverify_case", state.last)
-        return _finish(prop, claimed, "violated", state, start, v.message, v, spec)
-    except hypothesis.errors.Unsatisfiable as exc:
-        return _finish(prop, claimed, "error", state, start, f"no valid case: {exc}", None, spec)
-    except NormalizerError as exc:
-        state.last = getattr(exc, "attnverify_case", state.last)
+    except Exception as exc:  # noqa: BLE001 - classified below
+        failures.append((getattr(exc, "attnverify_case", state.last), exc))
+    if not failures:
+        return _finish(prop, claimed, "holds", state, start, "", None, spec, ctx)
+    case, exc = min(failures, key=lambda f: (_size(f[0]), not isinstance(f[1], Violation)))
+    state.last = case
+    if isinstance(exc, Violation):
+        return _finish(prop, claimed, "violated", state, start, exc.message, exc, spec, ctx)
+    if isinstance(exc, NormalizerError):
         message = f"the normalizer raised {exc}"
-        return _finish(prop, claimed, "error", state, start, message, None, spec)
-    except Exception as exc:  # noqa: BLE001 - a fault of the suite, reported as such
+    elif isinstance(exc, hypothesis.errors.Unsatisfiable):
+        message = f"no valid case: {exc}"
+    else:
         message = f"internal error in attnverify ({type(exc).__name__}: {_first_line(exc)})"
-        return _finish(prop, claimed, "error", state, start, message, None, spec)
-    return _finish(prop, claimed, "holds", state, start, "", None, spec)
+    return _finish(prop, claimed, "error", state, start, message, None, spec, ctx)
+
+
+def _evaluate(prop: Property, spec, ctx, state: _State, case) -> float:
+    state.examples += 1
+    state.last = case
+    try:
+        ratio = float(prop.check(spec, case, ctx))
+    except Exception as exc:
+        exc.attnverify_case = case  # the failing case, whatever Hypothesis runs after it
+        raise
+    if math.isfinite(ratio):
+        state.worst = max(state.worst, ratio)
+    return ratio
 
 
 def _hypothesis_test(prop: Property, spec: NormalizerSpec, ctx: Context, state: _State):
     def body(case):
-        state.examples += 1
-        state.last = case
-        try:
-            ratio = float(prop.check(spec, case, ctx))
-        except Exception as exc:
-            exc.attnverify_case = case  # the failing case, whatever Hypothesis runs after it
-            raise
+        ratio = _evaluate(prop, spec, ctx, state, case)
         if math.isfinite(ratio):
             hypothesis.target(min(ratio, 1e12), label=prop.id)
-            state.worst = max(state.worst, ratio)
 
     examples = max(1, int(round(ctx.max_examples * prop.examples_scale)))
     conf = settings(
@@ -215,16 +236,13 @@ def _hypothesis_test(prop: Property, spec: NormalizerSpec, ctx: Context, state: 
         report_multiple_bugs=False,
         suppress_health_check=list(HealthCheck),
         verbosity=Verbosity.quiet,
-        phases=[Phase.explicit, Phase.generate, Phase.target, Phase.shrink],
+        phases=[Phase.generate, Phase.target, Phase.shrink],
         print_blob=False,
     )
-    test = given(prop.cases(spec, ctx))(body)
-    for case in prop.explicit(spec, ctx):
-        test = hypothesis.example(case)(test)
-    return hypothesis.seed(ctx.seed)(conf(test))
+    return hypothesis.seed(ctx.seed)(conf(given(prop.cases(spec, ctx))(body)))
 
 
-def _finish(prop, claimed, status, state, start, message, violation, spec) -> PropertyResult:
+def _finish(prop, claimed, status, state, start, message, violation, spec, ctx) -> PropertyResult:
     worst = state.worst
     counterexample = None
     if status in ("violated", "error") and state.last is not None:
@@ -235,7 +253,7 @@ def _finish(prop, claimed, status, state, start, message, violation, spec) -> Pr
                 observed=violation.observed, bound=violation.bound, ratio=violation.ratio,
                 **{k: jsonable(v) for k, v in violation.details.items()},
             )
-        counterexample["repro"] = repro_line(spec, state.last, prop.id)
+        counterexample["repro"] = repro_line(spec, state.last, prop.id, ctx)
     return PropertyResult(
         property=prop.id,
         claimed=claimed,
@@ -275,7 +293,7 @@ def _tensor_json(t: torch.Tensor):
         t.shape[0], -1).tolist()]
 
 
-def repro_line(spec: NormalizerSpec, case: Any, prop_id: str) -> str:
+def repro_line(spec: NormalizerSpec, case: Any, prop_id: str, ctx: Context) -> str:
     """One line that reproduces the failing call (inline scores when small)."""
     scores = getattr(case, "scores", None)
     target = spec.source.split(" ", 1)[-1] if spec.source != "builtin" else spec.id
@@ -289,7 +307,8 @@ def repro_line(spec: NormalizerSpec, case: Any, prop_id: str) -> str:
             f"z = torch.tensor({_py_literal(rows)}, dtype=torch.{describe_dtype(scores.dtype)}); "
             f"print(f(z, dim=-1{extra}))\""
         )
-    return f"attnverify certify {target} --claims {prop_id} --seed <seed> (case too large to inline)"
+    return (f"attnverify certify {target} --claims {prop_id} --profile {ctx.profile} "
+            f"--seed {ctx.seed}  # case too large to inline")
 
 
 def _py_literal(value) -> str:

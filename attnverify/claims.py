@@ -269,7 +269,11 @@ def run_claims_command(args) -> int:
     from attnverify import __version__
     from attnverify.report import write_atomic, write_json
 
+    from attnverify.report import check_writable
+
     ctx = make_context(args.profile, seed=args.seed)
+    check_writable(args.json_path)
+    check_writable(args.markdown_path)
     rows = audit(ctx)
     table = table_markdown(rows)
     print(table)

@@ -62,6 +62,8 @@ def _run_certify(args) -> int:
 
     ctx = make_context(args.profile, dtypes=args.dtypes, device=args.device,
                        max_examples=args.max_examples, seed=args.seed)
+    report.check_writable(args.json_path)
+    report.check_writable(args.markdown_path)
     params = parse_params(args.params)
     claims = None if args.claims is None else [c.strip() for c in args.claims.split(",")
                                                 if c.strip()]

@@ -269,7 +269,10 @@ def run_falsify_command(args) -> int:
     from attnverify.registry import load_target, parse_params
     from attnverify.report import write_json
 
+    from attnverify.report import check_writable
+
     ctx = make_context(args.profile, max_examples=args.max_examples, seed=args.seed)
+    check_writable(args.json_path)
     params = parse_params(args.params)
     spec = load_target(args.target, params)
     parse_inequality(args.inequality, QUANTITIES)  # a usage error before any work

@@ -50,9 +50,28 @@ def option(config, name: str):
 def pytest_configure(config):
     config.addinivalue_line("markers", "attnverify: a property of the attnverify suite")
     config._attnverify_results = []
-    # A target given on the command line brings the suite with it, wherever pytest runs.
-    if option(config, "target") and not _suite_in_args(config):
-        config.args.append(str(SUITE))
+    target = option(config, "target")
+    if target:
+        _validate(config, target)
+        # A target given on the command line brings the suite with it, wherever pytest runs.
+        if not _suite_in_args(config):
+            config.args.append(str(SUITE))
+
+
+def _validate(config, target: str) -> None:
+    """Bad targets, parameters or claims stop pytest with a one-line usage error (exit 4)."""
+    from attnverify.certify import resolve_claims
+    from attnverify.errors import UsageError
+    from attnverify.registry import load_target, parse_params
+
+    claims = option(config, "claims")
+    chosen = None if claims is None else [c.strip() for c in claims.split(",") if c.strip()]
+    try:
+        for name in target.split(","):
+            resolve_claims(load_target(name.strip(), parse_params(option(config, "params"))),
+                           chosen)
+    except UsageError as exc:
+        raise pytest.UsageError(f"attnverify: {exc}") from None
 
 
 def _suite_in_args(config) -> bool:

@@ -39,6 +39,19 @@ def certificate(targets: Iterable[TargetResult], ctx: Context) -> dict[str, Any]
     }
 
 
+def check_writable(path: str | None) -> None:
+    """Fail fast (a usage error) when an output file could not be written later."""
+    if not path:
+        return
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(directory):
+        raise UsageError(f"cannot write {path!r}: directory {directory!r} does not exist")
+    if not os.access(directory, os.W_OK):
+        raise UsageError(f"cannot write {path!r}: directory {directory!r} is not writable")
+    if os.path.isdir(path):
+        raise UsageError(f"cannot write {path!r}: it is a directory")
+
+
 def write_atomic(path: str, text: str) -> None:
     """Write ``text`` to ``path`` atomically; unwritable destinations are usage errors."""
     directory = os.path.dirname(os.path.abspath(path)) or "."

@@ -1,0 +1,164 @@
+"""The public CLI contract of INTERFACES.md: commands, exit codes, the JSON certificate."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from attnverify import report
+from attnverify.cli import main
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PLANTED = str(FIXTURES / "planted.py")
+INTERFACES_PROPERTIES = (
+    "shape finite deterministic no_mutation permutation_equivariant mask_zero batch_independent "
+    "simplex sub_simplex nonnegative affine_sum shift_invariant order_preserving length_aware "
+    "fully_masked_row lemma1_weight_bounds cor1_softmax_weight_bounds thm1_fixed_distance "
+    "thm1_random_distance thm2_separation_lower thm2_separation_upper lemma2_jacobian "
+    "cor3_entrywise cor3_spectral_paper jacobian_spectral_half fd_gradient gpam_range "
+    "lemma3_l1_uniform lemma3_frobenius_uniform"
+).split()
+INTERFACES_QUANTITIES = ("L T a max_weight min_weight sum_weight jacobian_spectral "
+                         "jacobian_entry jacobian_frobenius jacobian_l1_total").split()
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_usage_error(code, err, fragment):
+    assert code == 2
+    assert err.startswith("attnverify: error:") and err.count("\n") == 1, err
+    assert fragment in err
+    assert "Traceback" not in err
+
+
+def test_properties_lists_every_interface_id(capsys):
+    code, out, _ = run(capsys, "properties")
+    assert code == 0
+    listed = re.findall(r"^  (\w+)\s", out, flags=re.M)
+    assert set(INTERFACES_PROPERTIES) <= set(listed)
+
+
+def test_quantities_lists_every_interface_quantity(capsys):
+    code, out, _ = run(capsys, "quantities")
+    listed = {line.split()[0] for line in out.splitlines() if line.strip()}
+    assert code == 0 and set(INTERFACES_QUANTITIES) <= listed
+
+
+def test_certify_json_certificate(capsys, tmp_path):
+    path = tmp_path / "cert.json"
+    md = tmp_path / "cert.md"
+    code, out, _ = run(capsys, "certify", "softmax", "--profile", "dev", "--claims",
+                       "simplex,shift_invariant", "--json", str(path), "--markdown", str(md))
+    assert code == 0, out
+    data = json.loads(path.read_text())
+    assert data["schema_version"] == 1 and data["profile"] == "dev" and data["seed"] == 0
+    assert data["device"] == "cpu" and data["torch_version"] and data["attnverify_version"]
+    (target,) = data["targets"]
+    assert target["target"] == "softmax" and target["verdict"] == "certified"
+    assert target["claims"] == ["simplex", "shift_invariant"]
+    props = [r["property"] for r in target["results"]]
+    assert props[:7] == INTERFACES_PROPERTIES[:7]
+    for r in target["results"]:
+        assert set(r) >= {"property", "claimed", "status", "examples", "worst_ratio",
+                          "counterexample", "message"}
+        assert r["status"] in ("holds", "not_applicable")
+    assert "verdict: softmax: CERTIFIED" in out
+    assert md.read_text().startswith("# attnverify certificate")
+
+
+def test_certify_failure_is_exit_1_with_counterexample(capsys, tmp_path):
+    path = tmp_path / "cert.json"
+    code, out, _ = run(capsys, "certify", f"{PLANTED}:row_sum_off_softmax", "--profile", "dev",
+                       "--json", str(path))
+    assert code == 1
+    target = json.loads(path.read_text())["targets"][0]
+    assert target["verdict"] == "failed"
+    (bad,) = [r for r in target["results"] if r["status"] == "violated"]
+    assert bad["property"] == "simplex" and bad["worst_ratio"] > 1
+    ce = bad["counterexample"]
+    assert ce["repro"].startswith("python -c") and "scores" in ce
+    assert "repro:" in out and "VIOLATED" in out
+
+
+def test_certify_error_when_normalizer_raises(capsys, tmp_path):
+    bad = tmp_path / "raises.py"
+    bad.write_text("def f(scores, dim=-1):\n    raise ValueError('nope')\n")
+    code, out, _ = run(capsys, "certify", f"{bad}:f", "--profile", "dev", "--claims", "")
+    assert code == 1
+    assert "ERROR" in out and "the normalizer raised ValueError: nope" in out
+
+
+def test_xfails_gate_on_regressions_only(capsys, tmp_path):
+    xf = tmp_path / "xfails.txt"
+    xf.write_text("# known\nrow_sum_off_softmax::simplex  # planted\nnever::matches\n")
+    code, _, err = run(capsys, "certify", f"{PLANTED}:row_sum_off_softmax", "--profile", "dev",
+                       "--xfails", str(xf))
+    assert code == 0
+    assert "'never::matches' matches no test id" in err
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["certify", "nosuch"], "unknown target 'nosuch'"),
+        (["certify", "softmax", "--claims", "bogus"], "unknown property id 'bogus'"),
+        (["certify", "softmax", "--claims", "shape"], "'shape' is universal"),
+        (["certify", "softmax", "--dtypes", "float8"], "unknown dtype 'float8'"),
+        (["certify", "softmax", "--profile", "fast"], "invalid choice: 'fast'"),
+        (["certify", "softmax", "--params", "beta=1"], "has no parameter 'beta'"),
+        (["certify", "softmax", "--params", "oops"], "expected NAME=VALUE"),
+        (["certify", "softmax", "--max-examples", "0"], "expected a positive integer"),
+        (["certify", "softmax", "--device", "tpu"], "unknown device 'tpu'"),
+        (["certify", "softmax", "--xfails", "/nonexistent/x.txt"], "cannot read xfails file"),
+        (["certify", "softmax", "--json", "/nonexistent/dir/c.json", "--claims", "",
+          "--max-examples", "1"], "does not exist"),
+        (["falsify", "softmax", "foo <= 1"], "unknown quantity 'foo'"),
+        (["falsify", "softmax", "L <= __import__('os')"], "unexpected character"),
+        (["falsify", "softmax", "L + 1"], "expected a comparison"),
+        (["falsify", "nosuch", "L <= 1"], "unknown target"),
+    ],
+)
+def test_bad_input_is_exit_2_one_line(capsys, argv, fragment):
+    code, _, err = run(capsys, *argv)
+    assert_usage_error(code, err, fragment)
+
+
+def test_falsify_corollary3_as_stated(capsys, tmp_path):
+    path = tmp_path / "f.json"
+    code, out, _ = run(capsys, "falsify", "softmax", "jacobian_spectral <= 1/(4*T)",
+                       "--profile", "dev", "--json", str(path))
+    assert code == 1, out
+    data = json.loads(path.read_text())
+    w = data["witness"]
+    assert data["falsified"] and w["L"] == 2 and w["scores"][0] == w["scores"][1]
+    assert w["ratio"] == pytest.approx(2.0, rel=1e-6)
+    assert data["worst_ratio"] == pytest.approx(2.0, rel=1e-6)
+    assert "minimal witness: L=2" in out and "repro: attnverify falsify softmax" in out
+
+
+def test_falsify_corrected_bound_holds(capsys):
+    code, out, _ = run(capsys, "falsify", "softmax", "jacobian_spectral <= 1/(2*T)",
+                       "--profile", "dev")
+    assert code == 0, out
+    assert out.startswith("not falsified")
+
+
+def test_write_atomic_keeps_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "c.json"
+    path.write_text("good")
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(report.os, "replace", broken_replace)
+    with pytest.raises(OSError):
+        report.write_atomic(str(path), "new")
+    assert path.read_text() == "good"
+    assert [p.name for p in tmp_path.iterdir()] == ["c.json"]

@@ -1,0 +1,44 @@
+"""The pytest plugin: a user's CI runs the property suite against their normalizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+pytest_plugins = ["pytester"]
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_plugin_runs_suite_against_a_file_target(pytester):
+    target = f"{FIXTURES / 'user_normalizers.py'}:plain"
+    cert = pytester.path / "cert.json"
+    result = pytester.runpytest_subprocess(
+        f"--attnverify-target={target}", "--attnverify-profile=dev",
+        f"--attnverify-json={cert}", "-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=8, skipped=1)
+    data = json.loads(cert.read_text())
+    (t,) = data["targets"]
+    assert t["verdict"] == "certified" and t["claims"] == ["simplex"]
+    assert {r["property"] for r in t["results"]} >= {"shape", "mask_zero", "simplex"}
+
+
+def test_plugin_reports_violation_and_honours_xfails(pytester):
+    target = f"{FIXTURES / 'planted.py'}:row_sum_off_softmax"
+    result = pytester.runpytest_subprocess(
+        f"--attnverify-target={target}", "--attnverify-profile=dev", "-q",
+        "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=7, failed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*row_sum_off_softmax::simplex violated*", "*repro: python -c*"])
+    xf = pytester.path / "xfails.txt"
+    xf.write_text("row_sum_off_softmax::simplex\n")
+    result = pytester.runpytest_subprocess(
+        f"--attnverify-target={target}", "--attnverify-profile=dev", f"--attnverify-xfails={xf}",
+        "-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=7, xfailed=1, skipped=1)
+
+
+def test_plugin_bad_target_is_a_usage_error(pytester):
+    result = pytester.runpytest_subprocess("--attnverify-target=nosuch", "-q")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*unknown target 'nosuch'*"])
