@@ -152,4 +152,7 @@ PROPERTIES: dict[str, Property] = {p.id: p for p in _ALL}
 def properties_for(claims, ctx: Context) -> list[Property]:
     """Universal properties first, then the claims, in registry order."""
     chosen = set(claims)
-    return [p for p in PROPERTIES.values() if p.universal or p.id in chosen]
+    out = [p for p in PROPERTIES.values() if p.universal or p.id in chosen]
+    if not ctx.low_dtypes:  # half precision is checked only when asked for
+        out = [p for p in out if p.id != "dtype_agreement"]
+    return out
