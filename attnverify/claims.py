@@ -267,9 +267,7 @@ def table_markdown(rows: list[ClaimRow]) -> str:
 
 def run_claims_command(args) -> int:
     from attnverify import __version__
-    from attnverify.report import write_atomic, write_json
-
-    from attnverify.report import check_writable
+    from attnverify.report import check_writable, write_atomic, write_json
 
     ctx = make_context(args.profile, seed=args.seed)
     check_writable(args.json_path)

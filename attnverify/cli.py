@@ -45,23 +45,20 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 
 def _commands() -> dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable]]:
     """name -> (help, add_arguments, run). Commands from other modules register here."""
-    table: dict[str, tuple[str, Callable, Callable]] = {
+    from attnverify.commands import COMMANDS
+
+    return {
         "list": ("the normalizer registry: id, output space, parameters, source",
                  lambda p: None, _cmd_list),
+        **COMMANDS,
     }
-    for module_name in ("attnverify.commands",):
-        try:
-            module = __import__(module_name, fromlist=["COMMANDS"])
-        except ImportError:
-            continue
-        table.update(module.COMMANDS)
-    return table
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     from attnverify import __version__
 
-    parser = _Parser(prog="attnverify", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="attnverify", description="Property-based verification and benchmarks "
+                     "for attention normalizers (exit 0 ok, 1 violated or falsified, 2 bad input).")
     parser.add_argument("--version", action="version", version=f"attnverify {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands = _commands()

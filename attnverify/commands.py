@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnverify.errors import UsageError
-
 PROFILE_CHOICES = ("dev", "ci", "thorough")
 
 
@@ -161,27 +159,12 @@ def _none(p: argparse.ArgumentParser) -> None:
     return None
 
 
-def _ensure(module: str) -> bool:
-    try:
-        __import__(module)
-    except ImportError:
-        return False
-    return True
-
-
 COMMANDS = {
     "properties": ("property ids with a one-line statement each", _none, _run_properties),
+    "quantities": ("quantities usable in a falsify inequality", _none, _run_quantities),
     "certify": ("check a normalizer's universal properties and claims", _certify_args,
                 _run_certify),
+    "falsify": ("search for the smallest input that breaks an inequality", _falsify_args,
+                _run_falsify),
+    "claims": ("the audit of the papers' own claims (THEORY.md §7)", _claims_args, _run_claims),
 }
-if _ensure("attnverify.quantities"):
-    COMMANDS["quantities"] = ("quantities usable in a falsify inequality", _none,
-                              _run_quantities)
-if _ensure("attnverify.falsify"):
-    COMMANDS["falsify"] = ("search for the smallest input that breaks an inequality",
-                           _falsify_args, _run_falsify)
-if _ensure("attnverify.claims"):
-    COMMANDS["claims"] = ("the audit of the papers' own claims (THEORY.md §7)", _claims_args,
-                          _run_claims)
-
-__all__ = ["COMMANDS", "UsageError"]

@@ -267,9 +267,7 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
 def run_falsify_command(args) -> int:
     from attnverify.certify import make_context
     from attnverify.registry import load_target, parse_params
-    from attnverify.report import write_json
-
-    from attnverify.report import check_writable
+    from attnverify.report import check_writable, write_json
 
     ctx = make_context(args.profile, max_examples=args.max_examples, seed=args.seed)
     check_writable(args.json_path)

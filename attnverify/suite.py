@@ -8,7 +8,7 @@ Collected from ``properties/`` in this repository, or brought in by the pytest p
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 
 import pytest
 
@@ -17,7 +17,7 @@ from attnverify.errors import UsageError
 from attnverify.pytest_plugin import RESULT_KEY, option
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(config_key: tuple):
     from attnverify.certify import make_context, resolve_claims
     from attnverify.registry import builtin_ids, load_target, parse_params

@@ -84,7 +84,8 @@ class NormalizerError(Exception):
     """The normalizer under test raised; ``cause`` is its exception."""
 
     def __init__(self, cause: BaseException):
-        super().__init__(f"{type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}")
+        text = str(cause).strip()
+        super().__init__(f"{type(cause).__name__}: {text.splitlines()[0] if text else ''}")
         self.cause = cause
 
 

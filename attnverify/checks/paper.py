@@ -37,8 +37,9 @@ def _upper(observed: torch.Tensor, bound: torch.Tensor, what: str, **details) ->
     flat_o, flat_b = observed.flatten(), bound.flatten()
     if bool((excess.nan_to_num(math.inf) > 0).any()):
         o, b = float(flat_o[worst_i]), float(flat_b[worst_i])
-        raise Violation(f"{what}: observed {o:.6g} > bound {b:.6g} (ratio {o / b if b else math.inf:.4g})",
-                        observed=o, bound=b, ratio=(o / b) if b > 0 else math.inf, **details)
+        ratio_ob = (o / b) if b > 0 else math.inf
+        raise Violation(f"{what}: observed {o:.6g} > bound {b:.6g} (ratio {ratio_ob:.4g})",
+                        observed=o, bound=b, ratio=ratio_ob, **details)
     return float(ratio.max()) if ratio.numel() else 0.0
 
 
