@@ -1,0 +1,355 @@
+"""Matrix-free Jacobian norms of a row-wise normalizer.
+
+``f`` maps rows of scores (``[..., L]``, rows along the last dimension) to rows of weights of the
+same shape, each output row depending on its own input row only (the ``batch_independent``
+property). ``J_b = ∂f(z_b)/∂z_b`` is the ``L × L`` Jacobian of row ``b``; everything here is
+batched over rows, so many rows cost one call of ``f``.
+
+Products ``J·v`` come from forward-mode AD (``torch.func.jvp``) and ``Jᵀ·u`` from reverse mode.
+When ``f`` uses a custom ``torch.autograd.Function`` without forward-mode support, both fall back
+to plain autograd: ``Jᵀu`` is one backward pass and ``J·v`` the double-backward trick
+``∂⟨Jᵀw, v⟩/∂w`` (which needs ``f``'s backward to be differentiable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from attnverify.tolerances import tol_for
+
+RowMap = Callable[[Tensor], Tensor]
+
+#: Elements of the Krylov bases (``[rows, steps, L]``, twice) held at once by :func:`spectral_norm`.
+BASIS_ELEMENTS = 1 << 24
+
+#: Elements of the tangent batch (``[block · rows, L]``) used by the column-block norms.
+BLOCK_ELEMENTS = 1 << 22
+
+DEFAULT_STEPS = {"lanczos": 128, "power": 2000}
+
+
+class Linearization:
+    """``J·v`` and ``Jᵀ·u`` of a row-wise map at fixed rows ``z`` (``[R, L]``).
+
+    ``mode`` is ``"forward"`` (``torch.func``) until a product fails there, then
+    ``"double_backward"`` (plain autograd on one recorded graph); ``forward_error`` keeps the
+    reason.
+    """
+
+    def __init__(self, f: RowMap, z: Tensor) -> None:
+        self.f, self.z = f, z.detach()
+        self.mode = "forward"
+        self._vjp_fn = None
+        self.forward_error: BaseException | None = None
+        self._graph: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+
+    def jvp(self, v: Tensor) -> Tensor:
+        if self.mode == "forward":
+            try:
+                return torch.func.jvp(self.f, (self.z,), (v,))[1]
+            except (RuntimeError, NotImplementedError) as exc:
+                self._fall_back(exc)
+        zz, out, seed, g = self._recorded()
+        if not g.requires_grad and out.requires_grad:
+            raise RuntimeError(
+                "cannot form J·v: f has no forward-mode AD and its backward is not "
+                "differentiable (double backward)"
+            )
+        return _grad(g, seed, v)
+
+    def vjp(self, u: Tensor) -> Tensor:
+        if self.mode == "forward":
+            try:
+                if self._vjp_fn is None:
+                    self._vjp_fn = torch.func.vjp(self.f, self.z)[1]
+                return self._vjp_fn(u)[0]
+            except (RuntimeError, NotImplementedError) as exc:
+                self._fall_back(exc)
+        zz, out, _, _ = self._recorded()
+        return _grad(out, zz, u)
+
+    def _fall_back(self, exc: BaseException) -> None:
+        self.mode, self._vjp_fn, self.forward_error = "double_backward", None, exc
+
+    def _recorded(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        if self._graph is None:
+            with torch.enable_grad():
+                zz = self.z.clone().requires_grad_(True)
+                out = self.f(zz)
+                seed = torch.zeros_like(out, requires_grad=True)
+                g = _grad(out, zz, seed, create_graph=True)
+            self._graph = (zz, out, seed, g)
+        return self._graph
+
+
+def _grad(out: Tensor, wrt: Tensor, cotangent: Tensor, *, create_graph: bool = False) -> Tensor:
+    """``∂⟨out, cotangent⟩/∂wrt``; zeros when ``out`` does not depend on ``wrt``."""
+    if not out.requires_grad:
+        return torch.zeros_like(wrt)
+    (g,) = torch.autograd.grad(
+        out,
+        wrt,
+        cotangent,
+        retain_graph=True,
+        create_graph=create_graph,
+        allow_unused=True,
+        materialize_grads=True,
+    )
+    return g
+
+
+def linearize(f: RowMap, z: Tensor) -> Linearization:
+    """The products ``J·v`` / ``Jᵀ·u`` of ``f`` at the rows ``z`` (``[R, L]``)."""
+    return Linearization(f, z)
+
+
+# --------------------------------------------------------------------------------------------
+# Spectral norm
+
+
+class SpectralNorm(NamedTuple):
+    """Largest singular value of each row's Jacobian, with its certificate.
+
+    ``value`` (``[...]``) is the top singular value of a compression ``UᵀJV`` with orthonormal
+    ``U, V``, hence a lower bound on ``‖J‖₂`` up to rounding. ``residual`` is ``‖Jᵀu − σv‖₂`` for
+    the unit pair with ``Jv = σu``: some singular value of ``J`` lies within ``residual`` of
+    ``value``. ``converged`` is ``residual ≤ tol·value`` (or ``value = 0 = residual``).
+    """
+
+    value: Tensor
+    residual: Tensor
+    converged: Tensor
+    steps: int
+    method: str
+    mode: str
+
+
+def spectral_norm(
+    f: RowMap,
+    z: Tensor,
+    *,
+    iters: int | None = None,
+    tol: float | None = None,
+    seed: int = 0,
+    method: str = "lanczos",
+    threads: int | None = 1,
+) -> SpectralNorm:
+    """``‖J‖₂`` of every row of ``z`` (``[..., L]``), matrix-free.
+
+    ``method="lanczos"`` (default): Golub–Kahan–Lanczos bidiagonalisation with full
+    reorthogonalisation — Lanczos on ``JᵀJ`` without squaring, one ``J·v`` and one ``Jᵀ·u`` per
+    step, for symmetric and non-symmetric ``J`` alike. ``method="power"``: power iteration on
+    ``JᵀJ``. Both stop when every row's ``residual ≤ tol·value`` or after ``iters`` steps
+    (Lanczos: at most ``L``). ``tol`` defaults to the dtype's ``rtol``; the start vectors are
+    Gaussian from a generator seeded with ``seed``.
+
+    ``threads`` is torch's intra-op thread count during the iteration, restored afterwards
+    (``None`` keeps the current setting). One thread is the default: every step is a handful of
+    memory-bound passes over L numbers, and on a shared CPU the thread barriers of a parallel
+    op cost several times what they save (see ``benchmarks/bench_jacobian.py``).
+    """
+    if method not in DEFAULT_STEPS:
+        raise ValueError(f"method={method!r} is not one of {', '.join(DEFAULT_STEPS)}")
+    length = z.shape[-1]
+    steps = iters or DEFAULT_STEPS[method]
+    steps = min(steps, length) if method == "lanczos" else steps
+    tol = tol_for(z.dtype).rtol if tol is None else tol
+    with _intra_op_threads(threads):
+        parts = _solve_chunks(f, z.detach().reshape(-1, length), steps, tol, seed, method)
+    value, residual = (torch.cat([p[i] for p in parts]).reshape(z.shape[:-1]) for i in (0, 1))
+    converged = _converged(value, residual, tol)
+    return SpectralNorm(value, residual, converged, max(p[2] for p in parts), method, parts[0][3])
+
+
+def _solve_chunks(f: RowMap, rows: Tensor, steps: int, tol: float, seed: int, method: str):
+    """Run the solver on chunks of rows small enough for the Krylov bases to fit the budget."""
+    gen = torch.Generator().manual_seed(seed)
+    start = torch.randn(rows.shape, generator=gen, dtype=rows.dtype).to(rows.device)
+    lanczos = method == "lanczos"
+    chunk = max(1, BASIS_ELEMENTS // (steps * rows.shape[-1])) if lanczos else len(rows)
+    solve = _bidiagonalize if lanczos else _power
+    return [
+        solve(linearize(f, part), v0, steps, tol)
+        for part, v0 in zip(rows.split(chunk), start.split(chunk))
+    ]
+
+
+@contextlib.contextmanager
+def _intra_op_threads(threads: int | None):
+    before = torch.get_num_threads()
+    if threads is not None and threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def _converged(value: Tensor, residual: Tensor, tol: float) -> Tensor:
+    return residual <= tol * value
+
+
+def _unit(w: Tensor, floor: Tensor | float = 0.0) -> tuple[Tensor, Tensor]:
+    """``(‖w‖, w/‖w‖)`` per row; a row with ``‖w‖ ≤ floor`` gives ``(0, 0)`` (breakdown)."""
+    norm = torch.linalg.vector_norm(w, dim=-1)
+    keep = norm > floor
+    unit = w / torch.where(keep, norm, torch.ones_like(norm)).unsqueeze(-1)
+    return torch.where(keep, norm, 0.0), torch.where(keep.unsqueeze(-1), unit, 0.0)
+
+
+def _reorthogonalize(w: Tensor, basis: Tensor) -> Tensor:
+    """``w`` minus its projection on the orthonormal rows of ``basis`` (``[R, m, L]``), twice."""
+    for _ in range(2):
+        coeffs = torch.bmm(basis, w.unsqueeze(-1))
+        w = w - torch.bmm(basis.transpose(1, 2), coeffs).squeeze(-1)
+    return w
+
+
+def _top_triplet(alphas: Tensor, betas: Tensor) -> tuple[Tensor, Tensor]:
+    """Top singular value of the upper bidiagonal ``B_k`` and its residual ``|β_k · x_k|``."""
+    k = alphas.shape[-1]
+    B = torch.diag_embed(alphas) + torch.diag_embed(betas[:, : k - 1], offset=1)
+    left, sigma, _ = torch.linalg.svd(B)
+    return sigma[:, 0], (betas[:, k - 1] * left[:, k - 1, 0]).abs()
+
+
+def _check_now(k: int) -> bool:
+    """Check convergence after step ``k``: every step early, then every ``1 + k//8`` steps."""
+    return k % (1 + k // 8) == 0
+
+
+def _bidiagonalize(lin: Linearization, v0: Tensor, steps: int, tol: float):
+    """Golub–Kahan–Lanczos: ``J V_k = U_k B_k``, ``Jᵀ U_k = V_k B_kᵀ + β_k v_{k+1} e_kᵀ``.
+
+    A new direction shorter than ``L·eps·(largest coefficient so far)`` is rounding noise: the
+    Krylov space is invariant there, and the row continues with zero vectors (exact ``B_k``).
+    """
+    R, L = v0.shape
+    U, V = v0.new_empty(R, steps, L), v0.new_empty(R, steps, L)
+    alphas, betas = v0.new_zeros(R, steps), v0.new_zeros(R, steps)
+    noise = L * torch.finfo(v0.dtype).eps
+    V[:, 0] = _unit(v0)[1]
+    alphas[:, 0], U[:, 0] = _unit(lin.jvp(V[:, 0]))
+    for k in range(steps):
+        r = _reorthogonalize(lin.vjp(U[:, k]) - alphas[:, k, None] * V[:, k], V[:, : k + 1])
+        scale = torch.maximum(alphas[:, : k + 1].amax(-1), betas[:, : k + 1].amax(-1))
+        betas[:, k], v = _unit(r, noise * scale)
+        if k + 1 == steps or _check_now(k + 1):
+            sigma, residual = _top_triplet(alphas[:, : k + 1], betas[:, : k + 1])
+            if k + 1 == steps or bool(_converged(sigma, residual, tol).all()):
+                return sigma, residual, k + 1, lin.mode
+        V[:, k + 1] = v
+        p = _reorthogonalize(lin.jvp(v) - betas[:, k, None] * U[:, k], U[:, : k + 1])
+        alphas[:, k + 1], U[:, k + 1] = _unit(p, noise * torch.maximum(scale, betas[:, k]))
+    raise AssertionError("unreachable")
+
+
+def _power(lin: Linearization, v0: Tensor, steps: int, tol: float):
+    """Power iteration on ``JᵀJ``: ``σ = ‖Jv‖``, ``u = Jv/σ``, residual ``‖Jᵀu − σv‖``."""
+    v = _unit(v0)[1]
+    for k in range(steps):
+        sigma, u = _unit(lin.jvp(v))
+        w = lin.vjp(u)
+        residual = torch.linalg.vector_norm(w - sigma.unsqueeze(-1) * v, dim=-1)
+        if k + 1 == steps or bool(_converged(sigma, residual, tol).all()):
+            return sigma, residual, k + 1, lin.mode
+        v = _unit(w)[1]
+    raise AssertionError("unreachable")
+
+
+# --------------------------------------------------------------------------------------------
+# Entry-wise norms, by blocks of columns
+
+
+def jacobian_blocks(f: RowMap, z: Tensor, *, block: int | None = None) -> Iterator[Tensor]:
+    """Column blocks ``J[..., :, c0:c0+k]`` (``[..., L, k]``) of every row's Jacobian, in order.
+
+    Row-wise ``f`` lets ``k`` columns of ``R`` rows be one call: the rows are repeated ``k``
+    times and copy ``j`` gets the tangent ``e_{c0+j}``. ``block`` defaults to what keeps the
+    tangent batch under :data:`BLOCK_ELEMENTS`; memory stays ``O(k·R·L)``.
+    """
+    shape, length = z.shape[:-1], z.shape[-1]
+    rows = z.detach().reshape(-1, length)
+    R = len(rows)
+    k = block or max(1, min(length, BLOCK_ELEMENTS // max(1, R * length)))
+    lin = linearize(f, rows.repeat(k, 1))
+    for c0 in range(0, length, k):
+        width = min(k, length - c0)
+        basis = rows.new_zeros(k, R, length)
+        cols = torch.arange(width, device=rows.device)
+        basis[cols, :, c0 + cols] = 1.0
+        out = lin.jvp(basis.reshape(k * R, length)).reshape(k, R, length)[:width]
+        yield out.permute(1, 2, 0).reshape(shape + (length, width))
+
+
+def dense_jacobian(f: RowMap, z: Tensor, *, block: int | None = None) -> Tensor:
+    """Every row's full Jacobian ``[..., L, L]`` (``J[..., i, k] = ∂f_i/∂z_k``); for small L."""
+    return torch.cat(list(jacobian_blocks(f, z, block=block)), dim=-1)
+
+
+class EntrywiseNorms(NamedTuple):
+    """Entry-wise norms of each row's Jacobian (``[...]`` each)."""
+
+    max_abs: Tensor  # max_ik |J_ik|
+    frobenius: Tensor  # √(Σ_ik J_ik²)
+    l1_total: Tensor  # Σ_ik |J_ik|
+
+
+def entrywise_norms(f: RowMap, z: Tensor, *, block: int | None = None) -> EntrywiseNorms:
+    """``max |J_ik|``, ``‖J‖_F`` and ``Σ|J_ik|`` per row in one pass over column blocks.
+
+    Memory is one block (see :func:`jacobian_blocks`), never the full ``L × L`` matrix.
+    """
+    top = squares = total = None
+    for J in jacobian_blocks(f, z, block=block):
+        absJ = J.abs()
+        parts = absJ.amax(dim=(-2, -1)), (J * J).sum(dim=(-2, -1)), absJ.sum(dim=(-2, -1))
+        if top is None:
+            top, squares, total = parts
+        else:
+            top, squares, total = torch.maximum(top, parts[0]), squares + parts[1], total + parts[2]
+    return EntrywiseNorms(top, squares.sqrt(), total)
+
+
+def entry_max_abs(f: RowMap, z: Tensor, *, block: int | None = None) -> Tensor:
+    """``max_ik |J_ik|`` per row (``[...]``), by column blocks."""
+    return entrywise_norms(f, z, block=block).max_abs
+
+
+def frobenius(f: RowMap, z: Tensor, *, block: int | None = None) -> Tensor:
+    """``‖J‖_F = √(Σ_ik J_ik²)`` per row (``[...]``), by column blocks."""
+    return entrywise_norms(f, z, block=block).frobenius
+
+
+def l1_total(f: RowMap, z: Tensor, *, block: int | None = None) -> Tensor:
+    """``Σ_ik |J_ik|`` per row (``[...]``): the entry-wise ℓ1 total of Lemma 3 of [B]."""
+    return entrywise_norms(f, z, block=block).l1_total
+
+
+# --------------------------------------------------------------------------------------------
+# The finite-difference estimator of [A], Algorithm 5
+
+
+def unit_directions(shape, *, seed: int, dtype: torch.dtype = torch.float64) -> Tensor:
+    """Gaussian vectors normalised to unit ℓ2 length along the last dim (THEORY.md §5 [choice])."""
+    v = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    return v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+
+
+def fd_estimate(
+    f: RowMap, logits: Tensor, direction: Tensor, *, eps: float, temperature: float = 1.0
+) -> Tensor:
+    """``δ = ‖f((l + εv)/T) − f(l/T)‖₂ / ε`` per row ([A], Algorithm 5, [stated]).
+
+    ``f`` is the normalizer at temperature 1 applied to scaled logits; ``direction`` is ``v``
+    (unit rows, see :func:`unit_directions`). For softmax ``δ ≤ min{1/(2T), √2/ε}``
+    (:func:`attnverify.bounds.fd_estimator_bound`).
+    """
+    moved = f((logits + eps * direction) / temperature)
+    return torch.linalg.vector_norm(moved - f(logits / temperature), dim=-1) / eps

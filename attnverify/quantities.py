@@ -1,0 +1,220 @@
+"""The quantities of a generated case that ``attnverify falsify`` expressions may use.
+
+A *case* is a normalizer (a :class:`~attnverify.registry.NormalizerSpec`), one row of logits
+(float64, ``-inf`` = masked key), its temperature and parameter overrides. Each quantity has a name
+(the identifier used in expressions), a one-line description (``attnverify quantities``) and a
+function of the case. Only the quantities an expression names are computed, and each Jacobian is
+built once per case: the Jacobian quantities cost ``O(L²)`` (entry-wise) or a Lanczos run.
+
+Jacobians are of the weights with respect to the unmasked logits, at the case's temperature:
+``J_ik = ∂α_i/∂l_k`` over unmasked ``i, k`` (softmax: ``(diag α − ααᵀ)/T``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnverify import jacobian
+from attnverify.errors import UsageError
+from attnverify.registry import NormalizerSpec
+
+#: Parameter names read as daGPAM's λ, in order.
+LAMBDA_PARAMS = ("lam", "lambda_", "lmbda")
+
+
+class Case:
+    """One generated case; every derived value is computed on first use and kept."""
+
+    def __init__(
+        self,
+        spec: NormalizerSpec,
+        row: Tensor,
+        temperature: float | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.row = torch.as_tensor(row, dtype=torch.float64).detach().reshape(-1)
+        self.overrides = dict(params or {})
+        self.temperature = 1.0
+        if spec.takes_temperature:
+            chosen = self.overrides.get("temperature", spec.params["temperature"])
+            self.temperature = float(chosen if temperature is None else temperature)
+            self.overrides["temperature"] = self.temperature
+
+    def normalize(self, scores: Tensor) -> Tensor:
+        return self.spec(scores, dim=-1, **self.overrides)
+
+    @cached_property
+    def weights(self) -> Tensor:
+        return self.normalize(self.row).detach()
+
+    @cached_property
+    def unmasked(self) -> Tensor:
+        return torch.isfinite(self.row)
+
+    @cached_property
+    def free_map(self) -> tuple[Callable[[Tensor], Tensor], Tensor]:
+        """The map of the unmasked logits to their weights, and those logits."""
+        idx = torch.nonzero(self.unmasked).reshape(-1)
+        if len(idx) == len(self.row):
+            return self.normalize, self.row
+        base = self.row
+
+        def restricted(x: Tensor) -> Tensor:
+            full = base.expand(x.shape[:-1] + base.shape).index_copy(-1, idx, x)
+            return self.normalize(full).index_select(-1, idx)
+
+        return restricted, self.row[idx]
+
+    @cached_property
+    def spectral(self) -> jacobian.SpectralNorm:
+        f, z = self.free_map
+        return jacobian.spectral_norm(f, z)
+
+    @cached_property
+    def entrywise(self) -> jacobian.EntrywiseNorms:
+        """Entry-wise Jacobian norms on the unmasked keys, one pass over column blocks."""
+        f, z = self.free_map
+        return jacobian.entrywise_norms(f, z)
+
+    def param(self, names: Iterable[str], default: float) -> float:
+        for name in names:
+            if name in self.overrides:
+                return float(self.overrides[name])
+            if name in self.spec.params:
+                return float(self.spec.params[name])
+        return default
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """A named quantity of a case: ``compute(case) -> float``."""
+
+    name: str
+    description: str
+    compute: Callable[[Case], float]
+    expensive: bool = False
+
+
+def _unmasked_weights(case: Case) -> Tensor:
+    return case.weights[case.unmasked]
+
+
+def _entropy(case: Case) -> float:
+    w = case.weights[case.weights > 0]
+    return float(-(w * torch.log(w)).sum())
+
+
+def _logit_gap(case: Case) -> float:
+    logits = case.row[case.unmasked]
+    if len(logits) < 2:
+        return 0.0
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+def _quantities() -> dict[str, Quantity]:
+    q = [
+        Quantity("L", "row length: number of keys, masked ones included", lambda c: len(c.row)),
+        Quantity(
+            "n_unmasked", "number of unmasked keys (finite logit)", lambda c: int(c.unmasked.sum())
+        ),
+        Quantity("T", "temperature (1 for a normalizer without one)", lambda c: c.temperature),
+        Quantity(
+            "a",
+            "largest |logit| over the unmasked keys",
+            lambda c: float(c.row[c.unmasked].abs().max()),
+        ),
+        Quantity(
+            "logit_gap", "largest unmasked logit minus the second largest (0 if fewer)", _logit_gap
+        ),
+        Quantity(
+            "max_weight",
+            "largest weight over the unmasked keys",
+            lambda c: float(_unmasked_weights(c).max()),
+        ),
+        Quantity(
+            "min_weight",
+            "smallest weight over the unmasked keys",
+            lambda c: float(_unmasked_weights(c).min()),
+        ),
+        Quantity("sum_weight", "sum of the row's weights", lambda c: float(c.weights.sum())),
+        Quantity(
+            "sum_sq_weight",
+            "sum of squared weights, Σα² (Lemma 3: ℓ1 total = 2(1 − Σα²))",
+            lambda c: float((c.weights * c.weights).sum()),
+        ),
+        Quantity(
+            "entropy", "Shannon entropy −Σ α log α over the positive weights (nats)", _entropy
+        ),
+        Quantity(
+            "n_support",
+            "number of keys with a nonzero weight",
+            lambda c: int((c.weights != 0).sum()),
+        ),
+        Quantity(
+            "lambda",
+            "daGPAM's λ (parameter lam); 0 for a normalizer without one",
+            lambda c: c.param(LAMBDA_PARAMS, 0.0),
+        ),
+        Quantity(
+            "jacobian_spectral",
+            "‖∂α/∂l‖₂, spectral norm (Lanczos, certified residual)",
+            lambda c: float(c.spectral.value),
+            expensive=True,
+        ),
+        Quantity(
+            "jacobian_entry",
+            "max |∂α_i/∂l_k|, the largest Jacobian entry",
+            lambda c: float(c.entrywise.max_abs),
+            expensive=True,
+        ),
+        Quantity(
+            "jacobian_frobenius",
+            "‖∂α/∂l‖_F, Frobenius norm of the Jacobian",
+            lambda c: float(c.entrywise.frobenius),
+            expensive=True,
+        ),
+        Quantity(
+            "jacobian_l1_total",
+            "Σ_ik |∂α_i/∂l_k|, entry-wise ℓ1 total of the Jacobian",
+            lambda c: float(c.entrywise.l1_total),
+            expensive=True,
+        ),
+    ]
+    return {item.name: item for item in q}
+
+
+#: Every quantity, by name, in the order ``attnverify quantities`` lists them.
+QUANTITIES: dict[str, Quantity] = _quantities()
+
+
+def describe() -> list[tuple[str, str]]:
+    """``(name, description)`` of every quantity, for ``attnverify quantities``."""
+    return [(q.name, q.description) for q in QUANTITIES.values()]
+
+
+def evaluate_quantities(
+    names: Iterable[str],
+    spec: NormalizerSpec,
+    row: Tensor,
+    temperature: float | None = None,
+    params: Mapping[str, Any] | None = None,
+) -> dict[str, float]:
+    """The named quantities of one case, and only those; an unknown name is a usage error.
+
+    ``row`` is one row of logits (converted to float64); ``temperature`` overrides the spec's
+    (``T`` is 1 for a normalizer without temperature); ``params`` overrides other parameters.
+    """
+    names = list(dict.fromkeys(names))
+    unknown = [n for n in names if n not in QUANTITIES]
+    if unknown:
+        raise UsageError(f"unknown quantity {unknown[0]!r} (known: {', '.join(QUANTITIES)})")
+    case = Case(spec, row, temperature, params)
+    return {name: float(QUANTITIES[name].compute(case)) for name in names}

@@ -1,0 +1,282 @@
+"""Tests of :mod:`attnverify.jacobian` against hand-computed Jacobians and dense autograd ones."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.optimize import brentq
+
+from attnverify import jacobian
+from attnverify.tolerances import tol_for
+
+F64 = torch.float64
+TOL = tol_for(F64)
+FAST = settings(max_examples=25, deadline=None)
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def close(actual, expected, what: str, tol=TOL) -> None:
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=F64),
+        torch.as_tensor(expected, dtype=F64),
+        rtol=tol.rtol,
+        atol=tol.atol,
+        msg=lambda m: f"{what}: {m}",
+    )
+
+
+# Reference normalizers: each maps rows along the last dim.
+
+
+def softmax(z):
+    return torch.softmax(z, -1)
+
+
+def stablemax(z):
+    """s(x)/Σs(x), s(x) = x + 1 (x ≥ 0), 1/(1 − x) (x < 0): a non-symmetric Jacobian."""
+    s = torch.where(z >= 0, z.clamp_min(0) + 1, 1 / (1 - z.clamp_max(0)))
+    return s / s.sum(-1, keepdim=True)
+
+
+def sa_softmax(z):
+    """Self-Adjust Softmax: rescaled logits times softmax; not normalised, non-symmetric J."""
+    lo = z.amin(-1, keepdim=True).clamp_max(0)
+    hi = z.amax(-1, keepdim=True).clamp_min(0)
+    span = (hi - lo).clamp_min(torch.finfo(z.dtype).tiny)
+    return (z - lo) / span * torch.softmax(z, -1)
+
+
+class _SoftmaxNoJvp(torch.autograd.Function):
+    """Softmax as an old-style custom Function: no forward-mode AD, no torch.func support."""
+
+    @staticmethod
+    def forward(ctx, z):
+        y = torch.softmax(z, -1)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return y * (g - (g * y).sum(-1, keepdim=True))
+
+
+def softmax_no_jvp(z):
+    return _SoftmaxNoJvp.apply(z)
+
+
+MAPS = {
+    "softmax": softmax,
+    "stablemax": stablemax,
+    "sa_softmax": sa_softmax,
+    "softmax_no_jvp": softmax_no_jvp,
+}
+
+
+def reference_jacobians(f, z):
+    """Dense ``[..., L, L]`` Jacobians, one ``torch.autograd.functional.jacobian`` per row."""
+    rows = z.reshape(-1, z.shape[-1])
+    J = torch.stack([torch.autograd.functional.jacobian(f, r) for r in rows])
+    return J.reshape(z.shape + (z.shape[-1],))
+
+
+# --------------------------------------------------------------------------------------------
+# Hand-computed cases
+
+
+def test_two_way_tie_spectral_norm_is_one_over_two_t():
+    # softmax(l/T) at l = (0, 0): J = (1/T)[[¼, −¼], [−¼, ¼]], ‖J‖₂ = 1/(2T).
+    for temperature in (0.1, 1.0, 3.0):
+        f = lambda z, t=temperature: torch.softmax(z / t, -1)  # noqa: E731
+        result = jacobian.spectral_norm(f, torch.zeros(2, dtype=F64))
+        close(result.value, 1 / (2 * temperature), f"T={temperature}")
+        assert bool(result.converged)
+        J = jacobian.dense_jacobian(f, torch.zeros(2, dtype=F64))
+        close(J, torch.tensor([[1, -1], [-1, 1]], dtype=F64) / (4 * temperature), "dense J")
+
+
+def test_masked_two_way_tie_entrywise_norms():
+    # (0, 0, −∞, −∞): α = (½, ½, 0, 0), J = [[¼, −¼], [−¼, ¼]] ⊕ 0:
+    # max|J| = ¼, ‖J‖_F = √(4/16) = ½, Σ|J| = 1, ‖J‖₂ = ½.
+    row = torch.tensor([0.0, 0.0, -math.inf, -math.inf], dtype=F64)
+    norms = jacobian.entrywise_norms(softmax, row)
+    close(norms.max_abs, 0.25, "max |J|")
+    close(norms.frobenius, 0.5, "‖J‖_F")
+    close(norms.l1_total, 1.0, "Σ|J|")
+    close(jacobian.spectral_norm(softmax, row).value, 0.5, "‖J‖₂")
+
+
+def test_uniform_row_softmax_norms():
+    # uniform α = 1/L: J = (I − 11ᵀ/L)/L, a projection over L: ‖J‖₂ = 1/L,
+    # ‖J‖_F = √(L−1)/L, Σ|J| = 2(1 − 1/L).
+    length = 5
+    z = torch.zeros(length, dtype=F64)
+    close(jacobian.spectral_norm(softmax, z).value, 1 / length, "‖J‖₂")
+    norms = jacobian.entrywise_norms(softmax, z)
+    close(norms.frobenius, math.sqrt(length - 1) / length, "‖J‖_F")
+    close(norms.l1_total, 2 * (1 - 1 / length), "Σ|J|")
+    close(norms.max_abs, (1 / length) * (1 - 1 / length), "max |J| (diagonal)")
+
+
+def test_zero_jacobian_gives_zero_and_converges():
+    # softmax of a single key is constantly 1: J = 0.
+    result = jacobian.spectral_norm(softmax, torch.tensor([[3.0], [-1.0]], dtype=F64))
+    close(result.value, [0.0, 0.0], "‖0‖₂")
+    assert bool(result.converged.all())
+
+
+def test_linear_map_spectral_norm_and_fd_estimate():
+    # f(z) = A z with A = [[3, 0], [4, 0]]: ‖A‖₂ = 5 (non-symmetric);
+    # fd: ‖A((l + εv)/T) − A(l/T)‖/ε = ‖Av‖/T, v = e1, T = 2: 5/2.
+    A = torch.tensor([[3.0, 0.0], [4.0, 0.0]], dtype=F64)
+    f = lambda z: z @ A.T  # noqa: E731
+    z = torch.tensor([0.3, -1.0], dtype=F64)
+    for method in ("lanczos", "power"):
+        close(jacobian.spectral_norm(f, z, method=method).value, 5.0, method)
+    close(jacobian.dense_jacobian(f, z), A, "dense J of a linear map")
+    v = torch.tensor([1.0, 0.0], dtype=F64)
+    close(jacobian.fd_estimate(f, z, v, eps=1e-3, temperature=2.0), 2.5, "fd estimate")
+
+
+# --------------------------------------------------------------------------------------------
+# Against dense autograd Jacobians
+
+
+@FAST
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    length=st.integers(1, 20),
+    rows=st.integers(1, 3),
+    scale=st.floats(0.1, 6.0),
+    name=st.sampled_from(sorted(MAPS)),
+    block=st.sampled_from([None, 1, 3]),
+)
+def test_blocks_match_dense_autograd(seed, length, rows, scale, name, block):
+    f = MAPS[name]
+    z = scale * torch.randn(rows, 2, length, generator=gen(seed), dtype=F64)
+    J = reference_jacobians(f, z)
+    close(jacobian.dense_jacobian(f, z, block=block), J, f"{name}, seed={seed}")
+    norms = jacobian.entrywise_norms(f, z, block=block)
+    close(norms.max_abs, J.abs().amax(dim=(-2, -1)), f"max |J|, {name}")
+    close(norms.frobenius, torch.linalg.matrix_norm(J), f"‖J‖_F, {name}")
+    close(norms.l1_total, J.abs().sum(dim=(-2, -1)), f"Σ|J|, {name}")
+    close(jacobian.frobenius(f, z, block=block), norms.frobenius, "frobenius()")
+
+
+@FAST
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    length=st.integers(1, 40),
+    scale=st.floats(0.1, 6.0),
+    name=st.sampled_from(sorted(MAPS)),
+)
+def test_lanczos_matches_dense_svd(seed, length, scale, name):
+    f = MAPS[name]
+    z = scale * torch.randn(4, length, generator=gen(seed), dtype=F64)
+    want = torch.linalg.matrix_norm(reference_jacobians(f, z), 2)
+    result = jacobian.spectral_norm(f, z, seed=seed)
+    assert result.value.shape == (4,)
+    assert bool(result.converged.all()), f"{name}: residual {result.residual.tolist()}"
+    # value ≤ ‖J‖₂ (a compression), and the certificate brackets the true norm
+    assert bool((result.value <= want * (1 + TOL.rtol) + TOL.atol).all())
+    assert bool((want - result.value <= result.residual + TOL.atol).all())
+    close(result.value, want, f"{name}, seed={seed}")
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    length=st.integers(1, 12),
+    scale=st.floats(0.5, 4.0),
+    name=st.sampled_from(sorted(MAPS)),
+)
+def test_power_iteration_is_a_certified_lower_estimate(seed, length, scale, name):
+    # Power iteration can stall on a cluster of top singular values; it must then say so
+    # (converged False) and still never exceed the norm.
+    f = MAPS[name]
+    z = scale * torch.randn(2, length, generator=gen(seed), dtype=F64)
+    want = torch.linalg.matrix_norm(reference_jacobians(f, z), 2)
+    result = jacobian.spectral_norm(f, z, method="power", iters=200, seed=seed)
+    assert bool((result.value <= want * (1 + TOL.rtol) + TOL.atol).all())
+    done = result.converged
+    close(result.value[done], want[done], f"converged rows, {name}, seed={seed}")
+
+
+def test_lanczos_on_a_near_uniform_row_with_clustered_singular_values():
+    # softmax at logits 1e-3·z: L − 1 eigenvalues within ~1e-3/L of 1/L.
+    z = 1e-3 * torch.randn(3, 30, generator=gen(3), dtype=F64)
+    want = torch.linalg.matrix_norm(reference_jacobians(softmax, z), 2)
+    result = jacobian.spectral_norm(softmax, z)
+    assert bool(result.converged.all())
+    close(result.value, want, "clustered spectrum")
+
+
+def test_custom_function_without_jvp_falls_back_to_double_backward():
+    z = torch.randn(3, 12, generator=gen(0), dtype=F64)
+    result = jacobian.spectral_norm(softmax_no_jvp, z)
+    assert result.mode == "double_backward"
+    close(result.value, jacobian.spectral_norm(softmax, z).value, "fallback vs forward mode")
+    lin = jacobian.linearize(softmax_no_jvp, z)
+    lin.jvp(torch.ones_like(z))
+    assert lin.forward_error is not None
+
+
+def test_float32_rows_use_the_float32_tolerance():
+    z = torch.randn(2, 30, generator=gen(1))
+    result = jacobian.spectral_norm(softmax, z)
+    assert result.value.dtype == torch.float32
+    want = torch.linalg.matrix_norm(reference_jacobians(softmax, z.double()), 2)
+    close(result.value, want, "float32 spectral norm", tol=tol_for(torch.float32))
+
+
+def test_unknown_method_is_rejected():
+    with pytest.raises(ValueError, match="method='svd'"):
+        jacobian.spectral_norm(softmax, torch.zeros(3), method="svd")
+
+
+def softmax_top_eigenvalue(alpha: np.ndarray) -> float:
+    """λ_max of diag(α) − ααᵀ from the secular equation 1 = Σ α_i²/(α_i − λ) on (α₍₂₎, α₍₁₎)."""
+    top2 = np.sort(alpha)[-2:]
+    secular = lambda lam: 1.0 - np.sum(alpha**2 / (alpha - lam))  # noqa: E731
+    width = top2[1] - top2[0]
+    return brentq(secular, top2[0] + 1e-9 * width, top2[1] - 1e-9 * width, xtol=1e-300)
+
+
+def test_spectral_norm_at_length_65536_matches_the_secular_equation():
+    z = torch.randn(1, 65536, generator=gen(2), dtype=F64)
+    result = jacobian.spectral_norm(softmax, z)
+    want = softmax_top_eigenvalue(torch.softmax(z[0], -1).numpy())
+    assert bool(result.converged)
+    close(result.value[0], want, "‖J‖₂ at L = 65536")
+
+
+# --------------------------------------------------------------------------------------------
+# The finite-difference estimator
+
+
+def test_unit_directions_are_unit_and_seeded():
+    v = jacobian.unit_directions((3, 7), seed=4)
+    close(torch.linalg.vector_norm(v, dim=-1), torch.ones(3), "unit rows")
+    assert torch.equal(v, jacobian.unit_directions((3, 7), seed=4))
+
+
+def test_fd_estimate_tends_to_the_directional_derivative():
+    # δ → ‖J v‖/T as ε → 0 for f(l/T).
+    z = torch.randn(2, 9, generator=gen(5), dtype=F64)
+    v = jacobian.unit_directions((2, 9), seed=6)
+    J = reference_jacobians(softmax, z / 0.5) / 0.5
+    want = torch.linalg.vector_norm((J @ v.unsqueeze(-1)).squeeze(-1), dim=-1)
+    close(
+        jacobian.fd_estimate(softmax, z, v, eps=1e-7, temperature=0.5),
+        want,
+        "fd estimate at small ε",
+        tol=tol_for(torch.float32),
+    )
