@@ -38,8 +38,10 @@ def main(argv=None) -> int:
             per_property[r.property] += r.elapsed_s
             examples[r.property] += r.examples
     total = time.perf_counter() - start
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus; "
-          f"profile {ctx.profile}, {ctx.max_examples} examples/property, seed {ctx.seed}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus; "
+        f"profile {ctx.profile}, {ctx.max_examples} examples/property, seed {ctx.seed}"
+    )
     print("\nper target:")
     for name, (secs, verdict) in per_target.items():
         print(f"  {name:14s} {secs:7.1f} s  {verdict}")
@@ -48,13 +50,22 @@ def main(argv=None) -> int:
         rate = examples[prop] / secs if secs > 0 else float("inf")
         print(f"  {prop:28s} {secs:7.2f} s  {examples[prop]:6d} examples  {rate:8.0f} ex/s")
     ok = total <= args.budget
-    print(f"\ntotal {total:.1f} s against a budget of {args.budget:.0f} s: "
-          f"{'within' if ok else 'OVER'} budget")
+    print(
+        f"\ntotal {total:.1f} s against a budget of {args.budget:.0f} s: "
+        f"{'within' if ok else 'OVER'} budget"
+    )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"total_s": total, "budget_s": args.budget,
-                       "per_target": {k: v[0] for k, v in per_target.items()},
-                       "per_property": dict(per_property)}, fh, indent=2)
+            json.dump(
+                {
+                    "total_s": total,
+                    "budget_s": args.budget,
+                    "per_target": {k: v[0] for k, v in per_target.items()},
+                    "per_property": dict(per_property),
+                },
+                fh,
+                indent=2,
+            )
     failed = [n for n, (_, v) in per_target.items() if v != "certified"]
     if failed:
         print(f"not certified: {', '.join(failed)}", file=sys.stderr)
