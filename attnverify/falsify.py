@@ -61,6 +61,7 @@ class Evaluation:
             "scores": [_num(v) for v in self.case.scores.tolist()],
             "temperature": self.case.temperature,
             "kind": self.case.kind,
+            "shape": shape_of(self.case.scores),
             "seed": self.case.seed,
             "quantities": {k: _num(v) for k, v in self.values.items()},
             "lhs": _num(self.lhs),
@@ -241,6 +242,19 @@ def repro(res: FalsifyResult, ctx: Context) -> str:
             f"--profile {ctx.profile} --seed {ctx.seed}")
 
 
+def shape_of(scores: torch.Tensor) -> str:
+    """A plain name for a witness row: "two-way tie", "all tied", or its generator kind."""
+    live = scores[torch.isfinite(scores)]
+    if live.numel() >= 2:
+        top = live.max()
+        ties = int((live == top).sum())
+        if ties == live.numel():
+            return "all tied" if ties > 2 else "two-way tie"
+        if ties == 2:
+            return "two-way tie"
+    return ""
+
+
 def summary(res: FalsifyResult, ctx: Context) -> str:
     lines = []
     head = "FALSIFIED" if res.falsified else "not falsified"
@@ -252,7 +266,9 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
         scores = ", ".join(f"{v:.6g}" for v in w.case.scores.tolist()[:16])
         more = " …" if w.case.scores.numel() > 16 else ""
         t = "" if w.case.temperature is None else f", T={w.case.temperature:g}"
-        lines.append(f"  minimal witness: L={w.case.scores.numel()}{t}, kind {w.case.kind}, "
+        shape = shape_of(w.case.scores)
+        kind = f"{shape} (kind {w.case.kind})" if shape else f"kind {w.case.kind}"
+        lines.append(f"  minimal witness: L={w.case.scores.numel()}{t}, {kind}, "
                      f"scores=[{scores}{more}]")
         vals = ", ".join(f"{k}={v:.6g}" for k, v in w.values.items())
         lines.append(f"  at the witness: {vals}; LHS={w.lhs:.6g} RHS={w.rhs:.6g} "
