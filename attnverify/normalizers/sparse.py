@@ -173,14 +173,24 @@ def _solve(z: torch.Tensor, dim: int, alpha: float) -> torch.Tensor:
 # Autograd: closed-form Jacobian-vector products, usable by torch.func (jvp, vjp, vmap).
 
 
+def _support_weights(p: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``s = p^{2−α}`` on the support, 0 off it.
+
+    For α < 2 a plain power already gives exact zeros off the support. Under double backward
+    (grad mode on inside ``backward``) the power is clamped first, so that
+    ``d/dp p^{2−α} = ∞`` at ``p = 0`` cannot turn into NaN.
+    """
+    if alpha == 2.0:
+        return (p > 0).to(p.dtype)
+    if alpha < 2.0 and not torch.is_grad_enabled():
+        return p ** (2.0 - alpha)
+    tiny = torch.finfo(p.dtype).tiny
+    return torch.where(p > 0, p.clamp_min(tiny) ** (2.0 - alpha), torch.zeros_like(p))
+
+
 def _jacobian_apply(p: torch.Tensor, v: torch.Tensor, dim: int, alpha: float) -> torch.Tensor:
     """``J v`` with ``J = diag(s) − s sᵀ / Σ s``, ``s = p^{2−α}`` on the support (J symmetric)."""
-    if alpha == 2.0:
-        s = (p > 0).to(p.dtype)
-    else:
-        # clamp before the power so that double backward sees no d/dp p^{2−α} = ∞ at p = 0
-        tiny = torch.finfo(p.dtype).tiny
-        s = torch.where(p > 0, p.clamp_min(tiny) ** (2.0 - alpha), torch.zeros_like(p))
+    s = _support_weights(p, alpha)
     sv = s * v
     total = s.sum(dim, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
     return sv - s * (sv.sum(dim, keepdim=True) / total)
