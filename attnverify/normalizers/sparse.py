@@ -193,7 +193,7 @@ def _jacobian_apply(p: torch.Tensor, v: torch.Tensor, dim: int, alpha: float) ->
     s = _support_weights(p, alpha)
     sv = s * v
     total = s.sum(dim, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
-    return sv - s * (sv.sum(dim, keepdim=True) / total)
+    return sv.addcmul_(s, sv.sum(dim, keepdim=True) / total, value=-1.0)
 
 
 class _Entmax(torch.autograd.Function):
