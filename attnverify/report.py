@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import platform
-import tempfile
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from attnverify.atomic import write_text_atomic
 from attnverify.certify import TargetResult
 from attnverify.checks.base import Context
 from attnverify.errors import UsageError
@@ -54,23 +55,8 @@ def check_writable(path: str | None) -> None:
 
 def write_atomic(path: str, text: str) -> None:
     """Write ``text`` to ``path`` atomically; unwritable destinations are usage errors."""
-    directory = os.path.dirname(os.path.abspath(path)) or "."
-    if not os.path.isdir(directory):
-        raise UsageError(f"cannot write {path!r}: directory {directory!r} does not exist")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".attnverify-", suffix=".tmp", dir=directory)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path!r}: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    check_writable(path)
+    write_text_atomic(Path(path), text)
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:

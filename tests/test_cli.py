@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from attnverify import report
+from attnverify import atomic, report
 from attnverify.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -157,7 +157,7 @@ def test_write_atomic_keeps_the_old_file(tmp_path, monkeypatch):
     def broken_replace(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(report.os, "replace", broken_replace)
+    monkeypatch.setattr(atomic.os, "replace", broken_replace)
     with pytest.raises(OSError):
         report.write_atomic(str(path), "new")
     assert path.read_text() == "good"

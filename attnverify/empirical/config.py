@@ -1,0 +1,209 @@
+"""Settings of one ``attnverify empirical`` run, their defaults and their validation.
+
+Defaults follow paper A's experiments (THEORY.md §3–5): N = 5 and L = 32 … 1024 for Alg. 1,
+N ∈ {1, 5, 10, 20, 100} at L = 1024 for Alg. 2, N = 1 … 64 for Alg. 4, ε ∈ {1e-3, 1e-1, 10} and
+T on a log grid 1e-3 … 10 for Alg. 5; paper B's stacks go 16 layers deep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attnverify.errors import UsageError
+
+#: Paper A's five algorithms, in the paper's order, then paper B's rank-collapse check.
+PAPER_A_EXPERIMENTS = (
+    "distance_vs_length",
+    "distance_vs_topn",
+    "critical_topn",
+    "separability",
+    "gradient",
+)
+EXPERIMENTS = PAPER_A_EXPERIMENTS + ("rank_collapse",)
+
+#: Paper A, Table 1: wall time of each algorithm on a 10-core laptop, in seconds.
+PAPER_TABLE1_SECONDS = {
+    "distance_vs_length": 24 * 60,
+    "distance_vs_topn": 37 * 60,
+    "critical_topn": 17 * 3600 + 4 * 60,
+    "separability": 7 * 60,
+    "gradient": 60,
+}
+
+#: Fields that do not change any number (excluded from checkpoint fingerprints).
+NON_NUMERIC_FIELDS = (
+    "out", "resume", "progress", "allow_download", "text", "device", "threads",
+)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one run needs; ``validate_against`` checks it against the loaded model."""
+
+    model: str
+    text: Path | None = None
+    experiments: tuple[str, ...] = EXPERIMENTS
+    normalizers: tuple[str, ...] = ()
+    device: str = "cpu"
+    out: Path = Path("empirical-out")
+    resume: bool = False
+    seed: int = 0
+    max_length: int | None = None
+    min_length: int = 32
+    windows: int = 1
+    rows_per_length: int = 64
+    topn: int = 5
+    topn_list: tuple[int, ...] = (1, 5, 10, 20, 100)
+    separability_max_n: int = 64
+    critical_max_fraction: float = 0.25
+    mc_draws: int = 2
+    critical_draws: int = 1
+    temperatures: tuple[float, ...] = field(default_factory=lambda: log_grid(1e-3, 10.0, 25))
+    epsilons: tuple[float, ...] = (1e-3, 1e-1, 10.0)
+    collapse_depth: int = 16
+    collapse_lambdas: tuple[float, ...] = (0.1, 0.5, 1.0)
+    collapse_seeds: int = 8
+    collapse_width: int = 64
+    collapse_tokens: int = 64
+    progress: bool = True
+    allow_download: bool = False
+    threads: int | None = None
+
+    def replace(self, **changes) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def log_grid(lo: float, hi: float, points: int) -> tuple[float, ...]:
+    """``points`` values from ``lo`` to ``hi``, equally spaced in log10, rounded to 4 digits."""
+    if points < 2:
+        return (lo,)
+    step = (math.log10(hi) - math.log10(lo)) / (points - 1)
+    return tuple(float(f"{10 ** (math.log10(lo) + i * step):.4g}") for i in range(points))
+
+
+QUICK = {
+    "max_length": 128,
+    "min_length": 16,
+    "rows_per_length": 16,
+    "topn_list": (1, 2, 5, 10, 20),
+    "separability_max_n": 32,
+    "mc_draws": 2,
+    "temperatures": log_grid(1e-3, 10.0, 9),
+    "collapse_depth": 8,
+    "collapse_seeds": 2,
+}
+
+
+def parse_experiments(text: str | None) -> tuple[str, ...]:
+    """``all`` or a comma-separated list of experiment names, in canonical order."""
+    if text is None or text.strip() in ("", "all"):
+        return EXPERIMENTS
+    names = [item.strip() for item in text.split(",") if item.strip()]
+    unknown = [name for name in names if name not in EXPERIMENTS and name != "all"]
+    if unknown:
+        raise UsageError(
+            f"unknown experiment {unknown[0]!r}: expected 'all' or a comma-separated list of "
+            f"{', '.join(EXPERIMENTS)}"
+        )
+    if "all" in names:
+        return EXPERIMENTS
+    return tuple(name for name in EXPERIMENTS if name in names)
+
+
+def parse_int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(item) for item in text.split(",") if item.strip())
+    except ValueError:
+        raise UsageError(f"{flag} expects comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag} expects positive integers, got {text!r}")
+    return tuple(sorted(set(values)))
+
+
+def parse_float_list(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(item) for item in text.split(",") if item.strip())
+    except ValueError:
+        raise UsageError(f"{flag} expects comma-separated numbers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise UsageError(f"{flag} expects positive numbers, got {text!r}")
+    return values
+
+
+def lengths(config: RunConfig, max_length: int) -> tuple[int, ...]:
+    """Powers of two from ``min_length`` up to ``max_length`` (``max_length`` always included)."""
+    out = []
+    length = config.min_length
+    while length < max_length:
+        out.append(length)
+        length *= 2
+    out.append(max_length)
+    return tuple(out)
+
+
+def validate_settings(config: RunConfig) -> None:
+    """Checks that need no model: positive sizes and N small enough for the lengths asked."""
+    _positive(config.windows, "--windows")
+    _positive(config.rows_per_length, "--rows-per-length")
+    _positive(config.mc_draws, "--mc-draws")
+    _positive(config.critical_draws, "--critical-draws")
+    _positive(config.collapse_depth, "--collapse-depth")
+    if config.min_length < 4:
+        raise UsageError(f"--min-length={config.min_length} is too small: it must be at least 4")
+    if config.max_length is not None and config.max_length < config.min_length:
+        raise UsageError(
+            f"--max-length={config.max_length} is smaller than --min-length={config.min_length}"
+        )
+    if not 0 < config.critical_max_fraction <= 0.5:
+        raise UsageError("--critical-max-fraction must lie in (0, 0.5]")
+    if config.device not in ("cpu", "cuda") and not config.device.startswith("cuda:"):
+        raise UsageError(f"--device={config.device!r}: expected cpu or cuda")
+
+
+def validate_against(config: RunConfig, max_length: int, context: int, model: str) -> None:
+    """Checks against the model: L within its context, every N below the row lengths used."""
+    if max_length > context:
+        raise UsageError(
+            f"L={max_length} is beyond the context of {model} ({context} tokens): "
+            f"pass --max-length {context} or less"
+        )
+    if max_length < config.min_length:
+        raise UsageError(
+            f"L_max={max_length} is below --min-length={config.min_length}: lower --min-length"
+        )
+    small = config.min_length
+    # Rows for length L attend to L/2+1 … L keys, so N must stay at or below L/2.
+    checks = [(config.topn, small // 2, "--topn", f"the smallest L={small}")]
+    checks += [(n, max_length // 2, "--topn-list", f"L={max_length}") for n in config.topn_list]
+    checks.append(
+        (config.separability_max_n, max_length // 2, "--separability-max-n", f"L={max_length}")
+    )
+    needs = {
+        "--topn": ("distance_vs_length",),
+        "--topn-list": ("distance_vs_topn",),
+        "--separability-max-n": ("separability",),
+    }
+    for n, limit, flag, where in checks:
+        if n > limit and set(needs[flag]) & set(config.experiments):
+            raise UsageError(
+                f"N={n} ({flag}) is too large for {where}: rows of length L/2+1 … L need "
+                f"N ≤ L/2 = {limit} (N ≥ L leaves nothing unselected); lower {flag} or raise "
+                "--max-length/--min-length"
+            )
+
+
+def _positive(value: int, flag: str) -> None:
+    if value < 1:
+        raise UsageError(f"{flag} must be a positive integer, got {value}")
+
+
+def numeric_settings(config: RunConfig) -> dict:
+    """The fields that change numbers, for checkpoint fingerprints."""
+    data = dataclasses.asdict(config)
+    for name in NON_NUMERIC_FIELDS:
+        data.pop(name, None)
+    data.pop("experiments", None)
+    return data

@@ -1,0 +1,314 @@
+"""``report.md``: the run's header (which model, which weights), the paper comparison, one
+section per experiment with its stated choices, and the normalizers side by side.
+
+Built from the results document only; a number in the report is a number in ``results.json``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from statistics import median
+
+from attnverify.empirical.config import PAPER_TABLE1_SECONDS
+from attnverify.empirical.store import write_text_atomic
+from attnverify.empirical.targets import MODEL_SOFTMAX
+
+TITLES = {
+    "distance_vs_length": "Algorithm 1 — distance vs length (Fig. 2a)",
+    "distance_vs_topn": "Algorithm 2 — distance vs top-N (Fig. 2b)",
+    "critical_topn": "Algorithm 3 — critical top-N (Fig. 2c)",
+    "separability": "Algorithm 4 — geometric separability (Fig. 3)",
+    "gradient": "Algorithm 5 — gradient sensitivity (Fig. 4)",
+    "rank_collapse": "Paper B — rank collapse at initialisation",
+}
+
+
+def write_report(document: dict, path: Path) -> None:
+    write_text_atomic(Path(path), render(document))
+
+
+def render(document: dict) -> str:
+    parts = [_header(document), _comparison(document)]
+    for name, result in document["experiments"].items():
+        parts.append(SECTIONS[name](result, document))
+    if len(document.get("normalizers", [])) > 1:
+        parts.append(_normalizers(document))
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def _f(x, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    if isinstance(x, int):
+        return str(x)
+    return f"{x:.{digits}g}"
+
+
+def _med(values) -> float:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return median(finite) if finite else float("nan")
+
+
+def _table(head: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ---- header -----------------------------------------------------------------------------------
+
+
+def _header(doc: dict) -> str:
+    meta = doc.get("model")
+    lines = ["# attnverify empirical — the papers' experiments on "
+             + (f"`{meta['name']}`" if meta else "attention stacks")]
+    if meta:
+        lines.append(_model_banner(meta))
+    lines.append(_table(["", ""], _header_rows(doc)))
+    return "\n\n".join(lines)
+
+
+def _model_banner(meta: dict) -> str:
+    if meta["pretrained"] and meta["weights"] != "pretrained":
+        return (f"> **Model: `{meta['name']}` — weights {meta['weights']}.** "
+                f"{meta['description']}. These are this model's numbers, not GPT-2's unless "
+                "the directory holds GPT-2.")
+    if meta["pretrained"]:
+        note = ("These are this model's numbers. Paper A's experiments used GPT-2 (124M); "
+                "nothing here is a GPT-2 result unless the model above is GPT-2 itself.")
+        return f"> **Model: `{meta['name']}` — pretrained weights.** {meta['description']}. {note}"
+    return (f"> **Model: `{meta['name']}` — random (seeded) weights.** {meta['description']}. "
+            "Random attention carries no meaning: these numbers exercise the method and its "
+            "cost. They are not GPT-2 results and say nothing about trained models.")
+
+
+def _header_rows(doc: dict) -> list[list[str]]:
+    meta, env, s = doc.get("model"), doc["environment"], doc["settings"]
+    rows = []
+    if meta:
+        total = meta["layers"] * meta["heads_per_layer"]
+        rows += [
+            ["model", f"{meta['name']} — {meta['source']}"],
+            ["weights", meta["weights"]],
+            ["heads", f"{meta['layers']} layers × {meta['heads_per_layer']} query heads "
+                      f"({meta['kv_heads_per_layer']} key/value heads per layer) = {total}, "
+                      f"d_head = {meta['head_dim']}, {meta['parameters']:,} parameters"],
+            ["tokens", f"{meta['windows']} window(s) × L_max = {meta['max_length']} tokens "
+                       f"({meta['tokenizer']}); one forward pass per window"],
+        ]
+    if doc.get("text"):
+        t = doc["text"]
+        rows.append(["text", f"`{Path(t['path']).name}` (sha256 {t['sha256'][:12]}…), prose "
+                             f"from line {t['first_line']}"])
+    rows.append(["settings", f"seed {s['seed']}, rows per length ≤ {s['rows_per_length']}, "
+                             f"Monte-Carlo draws {s['mc_draws']} (Alg. 1–2), "
+                             f"{s['critical_draws']} (Alg. 3)"])
+    rows.append(["environment", f"torch {env['torch_version']}, transformers "
+                                f"{env['transformers_version']}, {env['device']}, "
+                                f"{env['cpu_threads']} thread(s), peak RSS of the last "
+                                f"process {env['peak_rss_mb']:.0f} MB"])
+    rows.append(["wall time", _timing(doc) + " (each step as timed when it ran)"])
+    return rows
+
+
+def _timing(doc: dict) -> str:
+    meta = doc.get("model") or {}
+    parts = [f"load {meta['seconds']['load']:.1f} s, forward {meta['seconds']['extract']:.1f} s"
+             ] if meta else []
+    for name, result in doc["experiments"].items():
+        paper = PAPER_TABLE1_SECONDS.get(name)
+        extra = f" (paper: {duration(paper)})" if paper else ""
+        parts.append(f"{name} {result.get('seconds', float('nan')):.1f} s{extra}")
+    return "; ".join(parts)
+
+
+def duration(seconds: float) -> str:
+    """``17 h 4 min``, ``37 min``, ``12.3 s``."""
+    if seconds >= 3600:
+        return f"{int(seconds // 3600)} h {round(seconds % 3600 / 60)} min"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.1f} s"
+
+
+def _comparison(doc: dict) -> str:
+    rows = [[r["experiment"], r["claim"], r["paper"], r["measured"], _agree(r["agrees"])]
+            for r in doc.get("paper_comparison", [])]
+    if not rows:
+        return ""
+    who = doc["model"]["name"] if doc.get("model") else "the stacks"
+    return ("## Paper comparison\n\nMeasured on " + who + " with its own softmax attention. "
+            "Each row's criterion is in `results.json`.\n\n"
+            + _table(["experiment", "claim", "paper says", "measured", "agrees"], rows))
+
+
+def _agree(flag) -> str:
+    return {True: "yes", False: "**no**", None: "n/a"}[flag]
+
+
+def _choices(result: dict) -> str:
+    return "Choices:\n\n" + "\n".join(f"- {c}" for c in result.get("choices", []))
+
+
+def _figure(doc: dict, name: str) -> str:
+    fig = doc.get("figures", {}).get(name)
+    return f"![{TITLES.get(name, name)}]({fig})" if fig else ""
+
+
+# ---- sections ---------------------------------------------------------------------------------
+
+
+def _distance_vs_length(result: dict, doc: dict) -> str:
+    own = result["normalizers"][MODEL_SOFTMAX]
+    rows = []
+    for i, length in enumerate(result["lengths"]):
+        rows.append([length, own["rows"][i], _f(_med(own["dtilde"][i])),
+                     _f(_med(own["bound"][i])), _f(_med(own["E_main"][i])),
+                     f"{_f(_med(own['E_mc'][i]))} ± {_f(_med(own['E_mc_se'][i]), 2)}",
+                     _f(own["epsilon_over_E"][i]["median"]), own["bound_violations"][i]])
+    head = ["L", "(head, token) rows", "d̃", "Thm 1.1 bound", "E main term", "E (MC ± SE)",
+            "ε/E", "bound violations"]
+    return "\n\n".join([f"## {TITLES['distance_vs_length']}",
+                        f"N = {result['N']}; medians over heads of per-head means over tokens.",
+                        _table(head, rows), _figure(doc, "distance_vs_length"),
+                        _choices(result)])
+
+
+def _distance_vs_topn(result: dict, doc: dict) -> str:
+    own = result["normalizers"][MODEL_SOFTMAX]
+    rows = [[n, _f(_med(own["dtilde"][i])), _f(_med(own["bound"][i])),
+             _f(_med(own["E_main"][i])), _f(_med(own["E_mc"][i])), own["bound_violations"][i]]
+            for i, n in enumerate(result["N"])]
+    head = ["N", "d̃", "Thm 1.1 bound", "E main term", "E (MC)", "bound violations"]
+    return "\n\n".join([f"## {TITLES['distance_vs_topn']}",
+                        f"L = {result['L']}, {result['rows']} tokens per head and window.",
+                        _table(head, rows), _figure(doc, "distance_vs_topn"), _choices(result)])
+
+
+def _critical(result: dict, doc: dict) -> str:
+    own = result["normalizers"][MODEL_SOFTMAX]
+    rows = []
+    for entry, cap in zip(own["per_length"], result["N_max"]):
+        c1, c5 = entry["critical"]["0.01"], entry["critical"]["0.05"]
+        rows.append([entry["L"], cap, _f(c1) if c1 else f"> {cap}", _f(c5) if c5 else f"> {cap}",
+                     _f(entry["critical_over_L"]["0.05"]), len(entry["N"])])
+    fits = "; ".join(
+        f"α = {a}: slope {_f(own['fit'][a]['slope'])} (R² {_f(own['fit'][a]['r2'])}, "
+        f"{own['fit'][a]['points']} points)" for a in own["fit"])
+    head = ["L", "N_max", "critical N (α=0.01)", "critical N (α=0.05)", "N/L (α=0.05)",
+            "N evaluated"]
+    return "\n\n".join([f"## {TITLES['critical_topn']}", _table(head, rows),
+                        f"Fitted critical N / L (paper: 0.06): {fits}.",
+                        _figure(doc, "critical_topn"), _choices(result)])
+
+
+def _separability(result: dict, doc: dict) -> str:
+    own = result["normalizers"][MODEL_SOFTMAX]
+    show = [i for i, n in enumerate(result["N"]) if n in (1, 2, 4, 8, 16, 24, 32, 48, 64)]
+    rows = [[result["N"][i], _f(own["ratio_quantiles"][i]["median"]),
+             f"{_f(own['ratio_quantiles'][i]['q25'])}–{_f(own['ratio_quantiles'][i]['q75'])}",
+             _f(own["lower_quantiles"][i]["median"]), _f(own["upper_quantiles"][i]["median"]),
+             _f(own["lower_violation_fraction"][i]), _f(own["upper_violation_fraction"][i])]
+            for i in show]
+    head = ["N", "N_s/N (median)", "IQR over heads", "lower bound", "upper bound",
+            "lower violated (rows)", "upper violated (rows)"]
+    d = result["delta"]
+    geometry = (f"δ over heads: median {_f(d['median'])}, range {_f(d['min'])}–{_f(d['max'])}; "
+                f"{result['rows_with_duplicates']} of {result['rows_total']} rows hold duplicate "
+                "value vectors (left out of δ).")
+    return "\n\n".join([f"## {TITLES['separability']}", _table(head, rows), geometry,
+                        _figure(doc, "separability"), _heads(result, doc), _choices(result)])
+
+
+def _heads(result: dict, doc: dict) -> str:
+    own = result["normalizers"][MODEL_SOFTMAX]
+    order = sorted(range(len(result["heads"])), key=lambda i: own["entropy_normalized"][i])
+    k = min(5, len(order) // 2)
+    pick = order[:k] + order[len(order) - k:]
+    rows = [[result["heads"][i], _f(own["entropy_normalized"][i]), _f(own["plateau"][i]),
+             "peaked" if j < k else "diffuse"] for j, i in enumerate(pick)]
+    return "\n\n".join([
+        "### Per-head diagnostic (saturated heads)",
+        "The most peaked and the most diffuse heads (up to five each) by mean normalised entropy, "
+        "with their "
+        "N_s/N plateau. A diffuse head (entropy near 1) is in Lemma 1's vanishing-attention "
+        "regime; the full per-head table is in `results.json`.",
+        _table(["head", "entropy / log(keys)", "N_s/N plateau", "kind"], rows),
+        _figure(doc, "head_diagnostics"),
+    ])
+
+
+def _gradient(result: dict, doc: dict) -> str:
+    own = result["normalizers"][MODEL_SOFTMAX]
+    ts = result["T"]
+    show = range(0, len(ts), max(1, len(ts) // 8))
+    head = ["T"] + [f"g (ε={e:g})" for e in result["eps"]] + ["1/(4T)", "1/(2T)", "argmax head"]
+    rows = [[_f(ts[i])] + [_f(own["g"][k][i]) for k in range(len(result["eps"]))]
+            + [_f(1 / (4 * ts[i])), _f(1 / (2 * ts[i])), own["argmax_head"][0][i]] for i in show]
+    v = own["violations"]
+    note = (f"Worst token per (head, T, ε): {v['half_over_T']} above 1/(2T), "
+            f"{v['sqrt2_over_eps']} above √2/ε, {v['quarter_over_T']} above 1/(4T), of "
+            f"{v['checked']}.")
+    return "\n\n".join([f"## {TITLES['gradient']}", _table(head, rows), note,
+                        _figure(doc, "gradient"), _choices(result)])
+
+
+def _collapse(result: dict, doc: dict) -> str:
+    blocks = [f"## {TITLES['rank_collapse']}"]
+    for arch, kinds in result["architectures"].items():
+        depth = len(next(iter(kinds.values()))["residual"]) - 1
+        show = sorted({0, 1, 2, 4, 8, depth} & set(range(depth + 1)))
+        head = ["stack"] + [f"layer {i}" for i in show] + ["‖∇W_Q‖ layer 1", "output rms"]
+        rows = [[name] + [_f(data["residual"][i]) for i in show]
+                + [_f(data["grad_q"][0]), _f(data["rms"][-1])] for name, data in kinds.items()]
+        blocks.append(f"‖res(X)‖_F/‖X‖_F per layer, {arch} stack (median over "
+                      f"{result['seeds']} seeds):\n\n" + _table(head, rows))
+    blocks += [_figure(doc, "rank_collapse"), _choices(result)]
+    return "\n\n".join(blocks)
+
+
+def _normalizers(doc: dict) -> str:
+    ex = doc["experiments"]
+    rows = [[n["id"], n["space"]] + _normalizer_cells(ex, n["id"]) for n in doc["normalizers"]]
+    head = ["normalizer", "space", "d̃ (N=5, L_max)", "Thm 1.1 violations", "E (MC)",
+            "N_s/N plateau", "Thm 2 lower violated", "g(T≈0.01)", "g(T=1)",
+            "> 1/(2T) (softmax's bound)"]
+    text = ("Each normalizer is applied to the model's own logits (the model's forward pass is "
+            "unchanged: these are the weights the normalizer *would* give). Theorem 1.1 and the "
+            "Theorem 2 lower bound are theorems for simplex weights only, and 1/(2T) is "
+            "softmax's own bound (sparsemax's Jacobian reaches 1/T); a violation by another "
+            "normalizer is expected, not a bug.")
+    return "\n\n".join(["## Normalizers side by side", text, _table(head, rows),
+                        _figure(doc, "normalizers")])
+
+
+def _normalizer_cells(ex: dict, nid: str) -> list[str]:
+    cells = ["–"] * 8
+    if "distance_vs_length" in ex:
+        own = ex["distance_vs_length"]["normalizers"][nid]
+        cells[0] = _f(_med(own["dtilde"][-1]))
+        cells[1] = str(sum(own["bound_violations"]))
+        cells[2] = _f(_med(own["E_mc"][-1]))
+    if "separability" in ex:
+        own = ex["separability"]["normalizers"][nid]
+        cells[3] = _f(_med(own["plateau"]))
+        cells[4] = _f(max(own["lower_violation_fraction"]))
+    if "gradient" in ex:
+        res = ex["gradient"]
+        own = res["normalizers"][nid]
+        near = min(range(len(res["T"])), key=lambda i: abs(math.log(res["T"][i] / 0.01)))
+        one = min(range(len(res["T"])), key=lambda i: abs(math.log(res["T"][i])))
+        cells[5], cells[6] = _f(own["g"][0][near]), _f(own["g"][0][one])
+        cells[7] = str(own["violations"]["half_over_T"])
+    return cells
+
+
+SECTIONS = {
+    "distance_vs_length": _distance_vs_length,
+    "distance_vs_topn": _distance_vs_topn,
+    "critical_topn": _critical,
+    "separability": _separability,
+    "gradient": _gradient,
+    "rank_collapse": _collapse,
+}

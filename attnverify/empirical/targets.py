@@ -1,0 +1,76 @@
+"""The normalizers applied to a model's own logits (``--normalizers``).
+
+The first entry is always ``softmax``: the model's own attention, computed with
+``torch.softmax`` on the captured logits (identical to the eager weights; a test checks it).
+Any other target is resolved through :func:`attnverify.registry.load_target`, so built-ins,
+``module:attr``, ``file.py:attr`` and entry points all work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from attnverify.errors import UsageError
+
+MODEL_SOFTMAX = "softmax"
+
+
+@dataclass(frozen=True)
+class Weighting:
+    """A normalizer as the experiments use it: ``fn(scores) -> weights`` along the last dim."""
+
+    id: str
+    fn: Callable[[torch.Tensor], torch.Tensor]
+    space: str
+    source: str
+
+    @property
+    def simplex(self) -> bool:
+        """Theorem 1.1, the Theorem 2 lower bound and ``√2/ε`` assume weights on the simplex."""
+        return self.space == "simplex"
+
+    def __call__(self, scores: torch.Tensor) -> torch.Tensor:
+        return self.fn(scores)
+
+
+def _model_softmax(scores: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(scores, dim=-1)
+
+
+def model_weighting() -> Weighting:
+    return Weighting(MODEL_SOFTMAX, _model_softmax, "simplex", "the model's own attention")
+
+
+def parse_normalizers(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return ()
+    names = [item.strip() for item in text.split(",") if item.strip()]
+    return tuple(dict.fromkeys(name for name in names if name != MODEL_SOFTMAX))
+
+
+def resolve(names: tuple[str, ...]) -> list[Weighting]:
+    """``softmax`` (the model's attention) first, then each named target, resolved now so an
+    unknown name is a usage error before any model is loaded."""
+    from attnverify.registry import load_target
+
+    out = [model_weighting()]
+    for name in names:
+        spec = load_target(name)
+        out.append(Weighting(name, _bind(spec), spec.space, spec.source))
+    return out
+
+
+def _bind(spec) -> Callable[[torch.Tensor], torch.Tensor]:
+    def fn(scores: torch.Tensor) -> torch.Tensor:
+        weights = spec(scores, dim=-1)
+        if not isinstance(weights, torch.Tensor) or weights.shape != scores.shape:
+            raise UsageError(
+                f"normalizer {spec.id!r} returned {type(weights).__name__} of shape "
+                f"{getattr(weights, 'shape', None)} for scores of shape {tuple(scores.shape)}"
+            )
+        return weights
+
+    return fn

@@ -1,0 +1,129 @@
+"""The text the model reads: loading, Project Gutenberg stripping, and token windows.
+
+Development and CI read War and Peace from ``../shared/data/war_and_peace_pg2600.txt`` (found by
+searching upward from the working directory and from the package); anything else comes through
+``--text``. The text is never copied into the project.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnverify.errors import UsageError
+
+DEFAULT_TEXT = Path("shared") / "data" / "war_and_peace_pg2600.txt"
+_START = re.compile(r"^\*\*\* ?START OF (THIS|THE) PROJECT GUTENBERG", re.IGNORECASE)
+_END = re.compile(r"^\*\*\* ?END OF (THIS|THE) PROJECT GUTENBERG", re.IGNORECASE)
+_HEADING = re.compile(r"^(BOOK|PART|VOLUME|CHAPTER)\b")
+
+
+@dataclass(frozen=True)
+class Text:
+    """The prose the model reads, where it came from and its checksum (of the file's bytes)."""
+
+    path: Path
+    prose: str
+    sha256: str
+    first_line: int  # 1-based line of the file where the prose starts
+
+
+def find_default_text(start: Path | None = None) -> Path | None:
+    """``shared/data/war_and_peace_pg2600.txt`` in the working directory or any ancestor of it
+    (so ``../shared/data/`` from the repository root), or beside the installed package."""
+    roots = [Path.cwd() if start is None else Path(start)]
+    roots.append(Path(__file__).resolve().parents[2])
+    for root in roots:
+        for folder in (root.resolve(), *root.resolve().parents):
+            candidate = folder / DEFAULT_TEXT
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def resolve_text_path(text: Path | None) -> Path:
+    if text is not None:
+        return Path(text)
+    found = find_default_text()
+    if found is None:
+        raise UsageError(
+            "no text given and ../shared/data/war_and_peace_pg2600.txt was not found above the "
+            "working directory: pass --text PATH to a UTF-8 text file"
+        )
+    return found
+
+
+def load_text(path: Path) -> Text:
+    """Read a UTF-8 file (BOM allowed) and keep its prose: a Project Gutenberg header, table of
+    contents and license are dropped (see :func:`gutenberg_prose`)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"text file not found: {str(path)!r}") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read text file {str(path)!r}: {exc.strerror}") from None
+    try:
+        decoded = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"text file {str(path)!r} is not UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
+            f"{exc.start}): convert it, e.g. iconv -f LATIN1 -t UTF-8"
+        ) from None
+    prose, first_line = gutenberg_prose(decoded)
+    if not prose.strip():
+        raise UsageError(f"text file {str(path)!r} holds no prose")
+    digest = hashlib.sha256(raw).hexdigest()
+    return Text(path=path, prose=prose, sha256=digest, first_line=first_line)
+
+
+def gutenberg_prose(text: str) -> tuple[str, int]:
+    """The prose of a Project Gutenberg e-book and the 1-based line where it starts.
+
+    [choice] Everything up to the ``*** START OF … PROJECT GUTENBERG`` line and from the
+    ``*** END OF …`` line on is dropped. A table of contents is skipped by starting at the
+    *second* occurrence of the first heading line (``BOOK``/``PART``/``VOLUME``/``CHAPTER``):
+    for War and Peace that is ``BOOK ONE: 1805`` on line 836. Text without the markers is kept
+    whole.
+    """
+    lines = text.splitlines()
+    start = next((i + 1 for i, line in enumerate(lines) if _START.match(line)), 0)
+    end = next((i for i in range(start, len(lines)) if _END.match(lines[i])), len(lines))
+    if start:
+        start = _skip_contents(lines, start, end)
+    return "\n".join(lines[start:end]).strip("\n"), start + 1
+
+
+def _skip_contents(lines: list[str], start: int, end: int) -> int:
+    first = next((i for i in range(start, end) if _HEADING.match(lines[i].strip())), None)
+    if first is None:
+        return start
+    heading = lines[first].strip()
+    again = next((i for i in range(first + 1, end) if lines[i].strip() == heading), None)
+    return first if again is None else again
+
+
+def token_windows(
+    text: Text, tokenize: Callable[[str], list[int]], length: int, count: int
+) -> list[list[int]]:
+    """``count`` consecutive, non-overlapping windows of ``length`` tokens from the prose start.
+
+    Only as much prose as needed is tokenized (doubling the slice until it is enough).
+    """
+    need = length * count
+    chars = need * 6
+    while True:
+        ids = tokenize(text.prose[:chars])
+        if len(ids) > need or chars >= len(text.prose):
+            break
+        chars *= 2
+    if len(ids) < need:
+        raise UsageError(
+            f"text {str(text.path)!r} has only {len(ids)} tokens of prose; {count} window(s) of "
+            f"{length} tokens need {need}: pass a longer --text, fewer --windows or a smaller "
+            "--max-length"
+        )
+    return [ids[i * length : (i + 1) * length] for i in range(count)]

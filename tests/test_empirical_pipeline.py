@@ -1,0 +1,288 @@
+"""``attnverify empirical`` end to end on ``tiny-gpt2-random``, its extraction, its inputs and its
+bad-input exits (each a one-line message and exit 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnverify.empirical import cli, extraction, models, text
+from attnverify.empirical.config import EXPERIMENTS, PAPER_TABLE1_SECONDS
+from attnverify.empirical.store import CheckpointStore, write_json_atomic
+
+pytest.importorskip("transformers")
+
+WAR_AND_PEACE = text.find_default_text()
+needs_text = pytest.mark.skipif(WAR_AND_PEACE is None, reason="../shared/data text not found")
+QUICK = ["--model", "tiny-gpt2-random", "--quick", "--no-progress", "--threads", "1"]
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    code = cli.main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return models.load_model("tiny-gpt2-random")
+
+
+# ---- extraction ----------------------------------------------------------------------------
+
+
+def eager_attentions(model, ids):
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            out = model.base_model(input_ids=torch.tensor([ids]), output_attentions=True)
+    finally:
+        model.set_attn_implementation(extraction.CAPTURE_NAME)
+    return out.attentions
+
+
+def assert_matches_eager(loaded, ids):
+    ex = extraction.extract(loaded, [ids])
+    reference = eager_attentions(loaded.model, ids)
+    for layer, att in enumerate(reference):
+        mine = ex.layer_attention(0, layer)
+        diff = float((mine - att[0]).abs().max())
+        assert diff <= 1e-6, f"layer {layer}: softmax(logits) differs from eager by {diff:.3g}"
+    return ex
+
+
+def test_extraction_reproduces_the_models_eager_attention(tiny):
+    ex = assert_matches_eager(tiny, list(range(40, 104)))
+    assert ex.q.shape == (1, 4, 64, 16)
+    logits = ex.layer_logits(0, 1)
+    assert torch.isinf(logits[:, 0, 1:]).all() and torch.isfinite(logits[:, -1]).all()
+
+
+def test_extraction_maps_grouped_query_heads():
+    """A random Llama with 4 query and 2 key/value heads: head h reads key/value head h // 2."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    loaded = models._finish(model, "tiny-llama", "test", False, "test", models.byte_tokenize, "b")
+    ex = assert_matches_eager(loaded, list(range(3, 35)))
+    assert torch.equal(ex.k[0, 0], ex.k[0, 1]) and not torch.equal(ex.k[0, 1], ex.k[0, 2])
+
+
+def test_row_logits_match_layer_logits(tiny):
+    ex = extraction.extract(tiny, [list(range(64))])
+    rows = torch.tensor([10, 31])
+    got = ex.row_logits(rows, 32)
+    full = torch.cat([ex.layer_logits(0, layer) for layer in range(2)])
+    assert torch.allclose(got, full[:, rows, :32])
+
+
+# ---- text ----------------------------------------------------------------------------------
+
+
+@needs_text
+def test_war_and_peace_prose_starts_at_book_one():
+    t = text.load_text(WAR_AND_PEACE)
+    assert t.first_line == 836
+    assert t.prose.startswith("BOOK ONE: 1805")
+    assert "END OF THIS PROJECT GUTENBERG" not in t.prose
+    assert t.sha256.startswith("3bb73e3f3bdc")
+
+
+def test_gutenberg_stripping_and_plain_text():
+    book = "\n".join(["header", "*** START OF THE PROJECT GUTENBERG EBOOK X ***", "Contents",
+                      "  CHAPTER I", "  CHAPTER II", "", "CHAPTER I", "It was.", "CHAPTER II",
+                      "Then.", "*** END OF THE PROJECT GUTENBERG EBOOK X ***", "license"])
+    prose, first = text.gutenberg_prose(book)
+    assert prose.startswith("CHAPTER I\nIt was.") and prose.endswith("Then.") and first == 7
+    assert text.gutenberg_prose("just prose\nhere") == ("just prose\nhere", 1)
+
+
+def test_token_windows_are_consecutive(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_text("abcdefghij" * 10, encoding="utf-8")
+    wins = text.token_windows(text.load_text(path), models.byte_tokenize, 8, 3)
+    assert [len(w) for w in wins] == [8, 8, 8] and bytes(wins[1]).decode() == "ijabcdef"
+
+
+# ---- end to end ----------------------------------------------------------------------------
+
+
+@needs_text
+def test_pipeline_end_to_end_and_resume(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, stdout, _ = run_cli(QUICK + ["--out", str(out), "--normalizers", "sparsemax"], capsys)
+    assert code == 0, stdout
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert list(doc["experiments"]) == list(EXPERIMENTS)
+    assert doc["model"]["weights"] == "random (seeded)" and not doc["model"]["pretrained"]
+    rows = doc["paper_comparison"]
+    assert rows and all({"claim", "paper", "measured", "agrees"} <= set(r) for r in rows)
+    assert {n["id"] for n in doc["normalizers"]} == {"softmax", "sparsemax"}
+    for name in doc["figures"].values():
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "random (seeded) weights" in report and "not GPT-2 results" in report
+    assert "## Paper comparison" in report and "## Normalizers side by side" in report
+
+    stamps = {p.name: p.stat().st_mtime_ns for p in (out / "checkpoints").iterdir()}
+    code, stdout, _ = run_cli(QUICK + ["--out", str(out), "--normalizers", "sparsemax",
+                                       "--resume"], capsys)
+    assert code == 0
+    again = {p.name: p.stat().st_mtime_ns for p in (out / "checkpoints").iterdir()}
+    assert again == stamps, "--resume recomputed a finished experiment"
+    redone = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert redone["experiments"] == doc["experiments"]
+
+
+@needs_text
+def test_resume_redoes_only_what_is_missing(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = QUICK + ["--out", str(out), "--experiments", "distance_vs_length,rank_collapse"]
+    assert run_cli(args, capsys)[0] == 0
+    (out / "checkpoints" / "rank_collapse.json").unlink()
+    kept = (out / "checkpoints" / "distance_vs_length.json").stat().st_mtime_ns
+    assert run_cli(args + ["--resume"], capsys)[0] == 0
+    assert (out / "checkpoints" / "distance_vs_length.json").stat().st_mtime_ns == kept
+    assert (out / "checkpoints" / "rank_collapse.json").exists()
+
+
+def local_gpt2_directory(folder: Path) -> Path:
+    """A tiny GPT-2 saved as safetensors with a character-level tokenizer, all offline."""
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tok_models
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    vocab = {chr(i): i - 32 for i in range(32, 127)}
+    vocab["[UNK]"] = len(vocab)
+    tok = Tokenizer(tok_models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=256, vocab_size=len(vocab),
+                        bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
+    return folder
+
+
+@needs_text
+def test_local_model_directory_with_safetensors(tmp_path, capsys):
+    folder = local_gpt2_directory(tmp_path / "model")
+    out = tmp_path / "run"
+    code, stdout, err = run_cli(["--model", str(folder), "--quick", "--no-progress",
+                                 "--experiments", "distance_vs_length", "--out", str(out)],
+                                capsys)
+    assert code == 0, err
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert doc["model"]["context"] == 256 and doc["model"]["heads_per_layer"] == 2
+    assert "local directory" in doc["model"]["weights"]
+
+
+def test_checkpoint_with_other_settings_is_not_reused(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save("gradient", "aaaa", {"x": 1})
+    assert store.load("gradient", "aaaa") == {"x": 1}
+    assert store.load("gradient", "bbbb") is None
+    (tmp_path / "checkpoints" / "gradient.json").write_text("{truncated", encoding="utf-8")
+    assert store.load("gradient", "aaaa") is None
+
+
+def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    target = tmp_path / "results.json"
+    write_json_atomic(target, {"ok": 1})
+    monkeypatch.setattr("os.replace", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError):
+        write_json_atomic(target, {"ok": 2})
+    assert json.loads(target.read_text()) == {"ok": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+# ---- bad input: exit 2 with one line -------------------------------------------------------
+
+
+def assert_usage_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line, got: {err!r}"
+    for needle in needles:
+        assert needle in err, f"{needle!r} not in {err!r}"
+
+
+def test_unknown_experiment(capsys):
+    code, _, err = run_cli(QUICK + ["--experiments", "distance,gradient"], capsys)
+    assert_usage_error(code, err, "unknown experiment 'distance'", "critical_topn")
+
+
+def test_missing_text(tmp_path, capsys):
+    code, _, err = run_cli(QUICK + ["--text", str(tmp_path / "nope.txt")], capsys)
+    assert_usage_error(code, err, "text file not found")
+
+
+def test_non_utf8_text(tmp_path, capsys):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("Mot\xe9 caf\xe9 ".encode("latin-1") * 50)
+    code, _, err = run_cli(QUICK + ["--text", str(bad)], capsys)
+    assert_usage_error(code, err, "is not UTF-8", "offset 3")
+
+
+def test_missing_hub_weights_offline(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-cache"))
+    text_file = tmp_path / "t.txt"
+    text_file.write_text("word " * 2000, encoding="utf-8")
+    code, _, err = run_cli(QUICK + ["--text", str(text_file)] + ["--model", "gpt2"], capsys)
+    assert_usage_error(code, err, "'gpt2'", "not in the Hugging Face cache", "hf download gpt2")
+
+
+def test_directory_without_weights(tmp_path, capsys):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}", encoding="utf-8")
+    (tmp_path / "model" / "pytorch_model.bin").write_bytes(b"pickle")
+    text_file = tmp_path / "t.txt"
+    text_file.write_text("word " * 2000, encoding="utf-8")
+    code, _, err = run_cli(["--model", str(tmp_path / "model"), "--text", str(text_file),
+                            "--quick", "--no-progress"], capsys)
+    assert_usage_error(code, err, "no .safetensors weights", "not loaded")
+
+
+@needs_text
+def test_length_beyond_context(capsys):
+    code, _, err = run_cli(QUICK + ["--max-length", "2048"], capsys)
+    assert_usage_error(code, err, "L=2048 is beyond the context of tiny-gpt2-random (1024")
+
+
+@needs_text
+def test_n_not_below_length(capsys):
+    code, _, err = run_cli(QUICK + ["--max-length", "64", "--topn-list", "1,5,100"], capsys)
+    assert_usage_error(code, err, "N=100", "L=64")
+
+
+def test_unknown_normalizer(capsys):
+    code, _, err = run_cli(QUICK + ["--normalizers", "softmaxx"], capsys)
+    assert_usage_error(code, err, "softmaxx")
+
+
+def test_cuda_when_absent(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    code, _, err = run_cli(QUICK + ["--device", "cuda"], capsys)
+    assert_usage_error(code, err, "CUDA is not available")
+
+
+# ---- docs cannot drift ---------------------------------------------------------------------
+
+
+def test_docs_timing_table_names_every_paper_experiment_and_table1_figure():
+    readme = Path(__file__).resolve().parents[1] / "docs" / "empirical" / "README.md"
+    if not readme.exists():
+        pytest.skip("docs/empirical/README.md not written yet")
+    body = readme.read_text(encoding="utf-8")
+    for name in PAPER_TABLE1_SECONDS:
+        assert f"`{name}`" in body, f"{name} missing from docs/empirical/README.md"
+    assert "17 h 4 min" in body and "python -m attnverify.empirical" in body
