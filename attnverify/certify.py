@@ -1,9 +1,9 @@
-"""Run properties against a normalizer under Hypothesis and collect results.
+"""Run properties against a normalizer and collect results.
 
-Every property runs as one Hypothesis test: its strategy draws cases, ``hypothesis.target``
-steers the search towards the worst ratio observed / allowed, and a violation is shrunk to a
-minimal counterexample. A normalizer that raises is a result with status ``error``, never a
-crash of the suite.
+Every property runs in two steps: a fixed battery of adversarial cases, then Hypothesis, whose
+``hypothesis.target`` steers the search towards the worst ratio observed / allowed and whose
+shrinker minimises any failure. The smallest failing case of the two is reported. A normalizer
+that raises is a result with status ``error``, never a crash of the suite.
 """
 
 from __future__ import annotations
@@ -249,10 +249,10 @@ def _finish(prop, claimed, status, state, start, message, violation, spec, ctx) 
         counterexample = describe_case(state.last, spec)
         if violation is not None:
             worst = max(worst, violation.ratio)
-            counterexample.update(
-                observed=violation.observed, bound=violation.bound, ratio=violation.ratio,
-                **{k: jsonable(v) for k, v in violation.details.items()},
-            )
+            counterexample.update(jsonable({
+                "observed": violation.observed, "bound": violation.bound,
+                "ratio": violation.ratio, **violation.details,
+            }))
         counterexample["repro"] = repro_line(spec, state.last, prop.id, ctx)
     return PropertyResult(
         property=prop.id,
@@ -285,18 +285,17 @@ MAX_INLINE = 256
 
 
 def _tensor_json(t: torch.Tensor):
+    """Values as (nested) lists, 2-D at most (rows × the rest); large tensors by shape only."""
     if t.numel() > MAX_INLINE:
         return {"shape": list(t.shape), "dtype": describe_dtype(t.dtype), "inline": False}
-    return [jsonable(v) for v in t.detach().cpu().to(torch.float64).flatten().tolist()] if (
-        t.dim() <= 1
-    ) else [[jsonable(v) for v in row] for row in t.detach().cpu().to(torch.float64).reshape(
-        t.shape[0], -1).tolist()]
+    values = t.detach().cpu().to(torch.float64)
+    return jsonable((values if t.dim() <= 1 else values.reshape(t.shape[0], -1)).tolist())
 
 
 def repro_line(spec: NormalizerSpec, case: Any, prop_id: str, ctx: Context) -> str:
     """One line that reproduces the failing call (inline scores when small)."""
     scores = getattr(case, "scores", None)
-    target = spec.source.split(" ", 1)[-1] if spec.source != "builtin" else spec.id
+    target = spec.target or spec.id
     if isinstance(scores, torch.Tensor) and scores.numel() <= 64:
         rows = scores.detach().cpu().to(torch.float64).tolist()
         temp = getattr(case, "temperature", None)

@@ -54,7 +54,7 @@ def _certify_args(p: argparse.ArgumentParser) -> None:
 
 def _run_certify(args) -> int:
     from attnverify import report
-    from attnverify.certify import certify_target, make_context
+    from attnverify.certify import certify_target, make_context, resolve_claims
     from attnverify.registry import builtin_ids, load_target, parse_params
     from attnverify.xfails import apply_xfails, load_xfails
 
@@ -67,10 +67,8 @@ def _run_certify(args) -> int:
                                                 if c.strip()]
     xfails = load_xfails(args.xfails) if args.xfails else None
     targets = args.targets or builtin_ids()
-    specs = [(t, load_target(t, params)) for t in targets]  # resolve all before running any
-    from attnverify.certify import resolve_claims
-
-    for _, spec in specs:
+    specs = [(t, load_target(t, params)) for t in targets]
+    for _, spec in specs:  # every usage error before any work
         resolve_claims(spec, claims)
     results = []
     for label, spec in specs:
@@ -113,11 +111,12 @@ def _run_properties(args) -> int:
 
 
 def _run_quantities(args) -> int:
-    from attnverify.quantities import QUANTITIES
+    from attnverify.quantities import describe
 
-    width = max(len(n) for n in QUANTITIES)
-    for name, q in QUANTITIES.items():
-        print(f"{name.ljust(width)}  {q.description}")
+    rows = describe()
+    width = max(len(name) for name, _ in rows)
+    for name, description in rows:
+        print(f"{name.ljust(width)}  {description}")
     return 0
 
 

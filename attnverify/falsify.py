@@ -295,8 +295,8 @@ def run_falsify_command(args) -> int:
         res.params = params
     except UsageError:
         raise
-    except Exception as exc:  # noqa: BLE001 - the normalizer raised during the search
-        print(f"error: the normalizer raised {type(exc).__name__}: {exc}".splitlines()[0])
+    except Exception as exc:  # noqa: BLE001 - most likely the normalizer raising on a case
+        print(f"error: the search stopped on {type(exc).__name__}: {exc}".splitlines()[0])
         return 1
     print(summary(res, ctx))
     if args.json_path:

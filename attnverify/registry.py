@@ -68,6 +68,8 @@ class NormalizerSpec:
     kernel: Kernel | None = None
     length_aware: bool = False
     description: str = ""
+    #: The target string that loads this spec (set by :func:`load_target`), for repro lines.
+    target: str = ""
 
     def __post_init__(self) -> None:
         if self.space not in SPACES:
@@ -156,7 +158,7 @@ def load_target(target: str, params: Mapping[str, Any] | None = None) -> Normali
 
     Raises :class:`TargetError` with a one-line message saying what was expected.
     """
-    spec = _resolve(target.strip())
+    spec = dataclasses.replace(_resolve(target.strip()), target=target.strip())
     return spec.with_params(**params) if params else spec
 
 

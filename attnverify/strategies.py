@@ -15,8 +15,8 @@ adversary, scale, seed) and builds its tensors from a seeded :class:`torch.Gener
 on the requested device, converting to the drawn dtype at the end. Examples stay cheap at large
 lengths and shrink to a minimal case: the shortest length, the first (simplest) kind and dtype,
 scale 1 and seed 0. Lengths are drawn as a power-of-two bucket then a length inside it, so they
-shrink towards small values while ``max_length`` (``PROFILE_MAX_LENGTH``: 4096 for ci, 65536 for
-thorough) stays reachable.
+shrink towards small values while ``max_length`` (the caller's; the settings profiles are in
+:data:`attnverify.certify.PROFILES`) stays reachable.
 
 Each tensor strategy has a deterministic builder (``logit_rows`` → :func:`build_rows`, ...) taking
 the record's structural fields; :func:`repro` prints the one-line call that rebuilds a record. The
@@ -46,7 +46,6 @@ __all__ = [
     "HUGE_MAGNITUDES",
     "MASK_KINDS",
     "PEAK_MARGIN",
-    "PROFILE_MAX_LENGTH",
     "QUERY_KEY_KINDS",
     "TIE_GAP",
     "BoundedRows",
@@ -95,8 +94,6 @@ QUERY_KEY_KINDS = ("gaussian", "aligned", "mixed_norms")
 EMBEDDING_KINDS = ("gaussian", "mixed_norms", "duplicates", "collinear")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 DEFAULT_DTYPES = (torch.float32, torch.float64)
-#: Suggested ``max_length`` per settings profile (the caller chooses).
-PROFILE_MAX_LENGTH = {"dev": 64, "ci": 4096, "thorough": 65536}
 #: Magnitudes of ``huge_range`` rows, all far beyond fp32 ``exp`` overflow (≈ 88.7).
 HUGE_MAGNITUDES = (1e4, 1e8, 1e30)
 #: How far below the two equal maxima the rest of a ``two_way_tie`` row lies.

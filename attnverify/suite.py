@@ -103,15 +103,10 @@ def certificate_from_records(config, records: list[dict]) -> dict:
     for rec in records:
         t = targets.setdefault(rec["target"], TargetResult(rec["target"], [], [], rec["params"]))
         r = rec["result"]
-        t.results.append(PropertyResult(**{**r, "worst_ratio": _float(r["worst_ratio"])}))
+        t.results.append(PropertyResult(**r))
     order = list(PROPERTIES)
     for t in targets.values():
         t.results.sort(key=lambda r: order.index(r.property))
         t.claims = [r.property for r in t.results if not PROPERTIES[r.property].universal]
     return certificate(list(targets.values()), ctx)
 
-
-def _float(v):
-    if isinstance(v, str):
-        return float(v)
-    return v

@@ -162,3 +162,13 @@ def test_write_atomic_keeps_the_old_file(tmp_path, monkeypatch):
         report.write_atomic(str(path), "new")
     assert path.read_text() == "good"
     assert [p.name for p in tmp_path.iterdir()] == ["c.json"]
+
+
+def test_infinite_violation_ratio_still_writes_valid_json(capsys, tmp_path):
+    path = tmp_path / "cert.json"
+    code, _, _ = run(capsys, "certify", f"{PLANTED}:wrong_shape", "--profile", "dev",
+                     "--claims", "", "--json", str(path))
+    assert code == 1
+    (bad,) = [r for r in json.loads(path.read_text())["targets"][0]["results"]
+              if r["property"] == "shape"]
+    assert bad["status"] == "violated" and bad["counterexample"]["ratio"] == "inf"

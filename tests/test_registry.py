@@ -129,3 +129,11 @@ def test_file_module_cleanup_on_failure():
     with pytest.raises(TargetError):
         load_target(f"{FIXTURES / 'broken_import.py'}:fn")
     assert "attnverify_target_broken_import" not in sys.modules
+
+
+def test_spec_remembers_the_target_that_loads_it(monkeypatch):
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    ep = metadata.EntryPoint("mine", "user_normalizers:plain", "attnverify.normalizers")
+    monkeypatch.setattr("attnverify.registry._entry_points", lambda: {"mine": ep})
+    for target in ("softmax", "mine", "user_normalizers:plain", f"{USER_FILE}:spec"):
+        assert load_target(target).target == target

@@ -157,7 +157,9 @@ def test_a_row_with_minus_inf_shrinks_to_the_first_masked_kind():
 
 
 def test_profile_lengths_are_reachable():
-    top = avs.PROFILE_MAX_LENGTH["thorough"]
+    from attnverify.certify import PROFILES
+
+    top = PROFILES["thorough"]["max_length"]
     assert find(avs.lengths(max_length=top), lambda n: n == top, settings=FIND) == top
     r = _rows_with(lambda r: r.length > 5000, max_length=top, kinds=("gaussian",))
     assert r.length == 5001 and r.scores.shape == (1, 5001)

@@ -12,10 +12,6 @@ from attnverify.registry import NormalizerSpec
 
 __all__ = ["PROPERTIES", "Context", "Property", "Violation", "properties_for"]
 
-A = "Mudarisov et al. 2025, arXiv:2508.17821"
-B = "Heo & Choi, arXiv:2410.15578"
-
-
 # --------------------------------------------------------------------------------------------
 # Applicability rules: None = applies, else the reason
 
@@ -63,10 +59,10 @@ def _rows(id, statement, check, *, universal=False, applies=None, battery=True, 
                     examples_scale=scale)
 
 
-def _jac(id, statement, check, *, applies=None, source=A, scale=0.5):
+def _jac(id, statement, check, *, applies=None, scale=0.5):
     return Property(id=id, statement=statement, cases=C.jacobian_cases, check=check,
                     explicit=C.jacobian_battery, applies=applies or _needs_temperature,
-                    source=source, examples_scale=scale)
+                    examples_scale=scale)
 
 
 _NO_HUGE = tuple(k for k in C.S.ALL_KINDS if k not in ("huge_range",))
@@ -100,7 +96,7 @@ _ALL = [
           U.check_order_preserving),
     Property(id="length_aware", statement="for a fixed-margin peak (+a, −a, …), L·max weight "
              "grows at least like L^(1/4) from L=16 to 4096 [choice]: no 1/L decay",
-             cases=C.peak_cases, check=P.check_length_aware, source=A, examples_scale=0.3),
+             cases=C.peak_cases, check=P.check_length_aware, examples_scale=0.3),
     _rows("fully_masked_row", "an all-masked row returns all zeros and does not raise",
           U.check_fully_masked_row, min_batch=2),
     _rows("dtype_agreement", "float16 / bfloat16 weights match the float64 weights of the "
@@ -109,24 +105,23 @@ _ALL = [
     # ---- paper A
     Property(id="lemma1_weight_bounds", statement="C1/L ≤ α_i ≤ C2/L for logits in [−a, a], "
              "C2 = max F / min F (Lemma 1)", cases=C.bounded_cases, check=P.check_lemma1,
-             applies=_needs_kernel, source=A),
+             applies=_needs_kernel),
     Property(id="cor1_softmax_weight_bounds", statement="(1/L)e^{−2Δ/T} ≤ α_i ≤ (1/L)e^{2Δ/T}, "
-             "Δ = ‖q‖·max‖k_j‖ (Corollary 1)", cases=C.query_key_cases, check=P.check_cor1,
-             source=A),
+             "Δ = ‖q‖·max‖k_j‖ (Corollary 1)", cases=C.query_key_cases, check=P.check_cor1),
     Property(id="thm1_fixed_distance", statement="d̃ ≤ (1−ᾱ_N)d_1 + max‖x_j‖·[ᾱ_N(L−N) − "
              "(1−ᾱ_N)] for the top-N set (Theorem 1.1)",
-             cases=lambda s, c: C.embedding_cases(s, c), check=P.check_thm1_fixed, source=A),
+             cases=lambda s, c: C.embedding_cases(s, c), check=P.check_thm1_fixed),
     Property(id="thm1_random_distance", statement="E[d̃] over uniform N-subsets ≥ the Jensen "
              "main term, i.e. ε ≥ 0 (Theorem 1.2, exact enumeration, L ≤ 10)",
              cases=lambda s, c: C.embedding_cases(s, c, max_length=C.RANDOM_TOPN_MAX_LENGTH),
-             check=P.check_thm1_random, source=A, examples_scale=0.5),
+             check=P.check_thm1_random, examples_scale=0.5),
     Property(id="thm2_separation_lower", statement="N_s/N ≥ 1 − (1/(rN))Σξ_i on the sphere "
              "(Theorem 2, lower)", cases=lambda s, c: C.embedding_cases(s, c, sphere=True),
-             check=P.check_thm2_lower, source=A),
+             check=P.check_thm2_lower),
     Property(id="thm2_separation_upper", statement="N_s/N ≤ (1/N)Σ exp(−(r − ξ_i)²/(16M²)) per "
              "instance (Theorem 2, upper; false as stated)",
              cases=lambda s, c: C.embedding_cases(s, c, sphere=True),
-             check=P.check_thm2_upper, source=A),
+             check=P.check_thm2_upper),
     _jac("lemma2_jacobian", "‖J‖₂ ≤ (max|F'|/(L·min F))·(1 + max F/min F) (Lemma 2, derived)",
          P.check_lemma2, applies=lambda s, c: _needs_kernel(s, c) or _needs_temperature(s, c)),
     _jac("cor3_entrywise", "max_ij |∂α_i/∂l_j| ≤ 1/(4T) (Corollary 3, entry-wise)",
@@ -141,9 +136,9 @@ _ALL = [
     _rows("gpam_range", "every weight lies in [−λ, 1+λ] (daGPAM)", P.check_gpam_range,
           applies=_needs_lam),
     _jac("lemma3_l1_uniform", "Σ_jk |J_jk| ≤ 2(1 − 1/L)/T, largest at the uniform row "
-         "(Lemma 3, ℓ1)", P.check_lemma3_l1, source=B),
+         "(Lemma 3, ℓ1)", P.check_lemma3_l1),
     _jac("lemma3_frobenius_uniform", "‖J‖_F ≤ ‖J(uniform)‖_F (Lemma 3 read with the Frobenius "
-         "norm; false for L ≥ 3)", P.check_lemma3_frobenius, source=B),
+         "norm; false for L ≥ 3)", P.check_lemma3_frobenius),
 ]
 
 PROPERTIES: dict[str, Property] = {p.id: p for p in _ALL}

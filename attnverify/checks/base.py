@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from attnverify.registry import NormalizerSpec
-from attnverify.tolerances import Tol, tol_for
+from attnverify.tolerances import tol_for
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -71,9 +71,7 @@ class Property:
     applies: Callable[[NormalizerSpec, Context], str | None] = lambda spec, ctx: None
     explicit: Callable[[NormalizerSpec, Context], list[Any]] = lambda spec, ctx: []
     universal: bool = False
-    source: str = "attnverify"
     examples_scale: float = 1.0
-    tags: tuple[str, ...] = field(default_factory=tuple)
 
 
 # --------------------------------------------------------------------------------------------
@@ -107,50 +105,46 @@ def as_float64(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to(device="cpu", dtype=torch.float64)
 
 
-def tol(dtype: torch.dtype) -> Tol:
-    return tol_for(dtype)
-
-
 def sum_tolerance(dtype: torch.dtype, length: int) -> float:
     """Allowed |row sum − target|: the dtype's atol plus rtol grown with √L (summation error).
 
     At L = 4096 in float32 this is about 9e-5: a 1e-3 error in a row sum is always caught.
     """
-    t = tol(dtype)
+    t = tol_for(dtype)
     return t.atol + t.rtol * math.sqrt(max(length, 1))
 
 
-def close_mask(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
-    """Elementwise ``|got − want| ≤ scale·(atol + rtol·|want|)`` in float64; returns (ok, excess).
-
-    ``excess`` is the largest ratio |diff| / allowed, so ≤ 1 means within tolerance.
-    """
-    t = tol(dtype)
+def _diff_allowed(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, scale: float):
+    """``(|got − want|, scale·(atol + rtol·|want|))`` in float64; equal NaNs and equal infinities
+    count as no difference, any other NaN as an infinite one."""
+    t = tol_for(dtype)
     g, w = as_float64(got), as_float64(want)
     allowed = scale * (t.atol + t.rtol * w.abs().nan_to_num(0.0, 0.0, 0.0))
     diff = (g - w).abs()
-    both_nan = torch.isnan(g) & torch.isnan(w)
-    same_inf = torch.isinf(g) & (g == w)
-    diff = torch.where(both_nan | same_inf, torch.zeros_like(diff), diff)
-    diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
+    agree = (torch.isnan(g) & torch.isnan(w)) | (torch.isinf(g) & (g == w))
+    diff = torch.where(agree, torch.zeros_like(diff), diff).nan_to_num(nan=math.inf)
+    return diff, allowed
+
+
+def close_mask(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
+    """Elementwise ``|got − want| ≤ scale·(atol + rtol·|want|)``; returns (ok, excess).
+
+    ``excess`` is the largest ratio |diff| / allowed, so ≤ 1 means within tolerance.
+    """
+    diff, allowed = _diff_allowed(got, want, dtype, scale)
     ratio = diff / allowed
     return bool((ratio <= 1).all()), float(ratio.max()) if ratio.numel() else 0.0
 
 
 def mismatch_message(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, scale=1.0) -> str:
     """torch.testing-style summary: "Mismatched elements: 3 / 100 (3.0%) …"."""
-    t = tol(dtype)
-    g, w = as_float64(got), as_float64(want)
-    allowed = scale * (t.atol + t.rtol * w.abs().nan_to_num(0.0, 0.0, 0.0))
-    diff = (g - w).abs().nan_to_num(nan=math.inf)
-    bad = diff > allowed
-    n, total = int(bad.sum()), diff.numel()
+    diff, allowed = _diff_allowed(got, want, dtype, scale)
+    n, total = int((diff > allowed).sum()), diff.numel()
     idx = int(torch.argmax(diff - allowed)) if total else 0
-    flat_d, flat_a = diff.flatten(), allowed.flatten()
     return (
         f"Mismatched elements: {n} / {total} ({100.0 * n / max(total, 1):.1f}%); "
-        f"greatest absolute difference: {float(flat_d[idx]):.3g} at index {idx} "
-        f"(up to {float(flat_a[idx]):.3g} allowed)"
+        f"greatest absolute difference: {float(diff.flatten()[idx]):.3g} at index {idx} "
+        f"(up to {float(allowed.flatten()[idx]):.3g} allowed)"
     )
 
 

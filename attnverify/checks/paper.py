@@ -10,7 +10,8 @@ import math
 import torch
 
 from attnverify import bounds, jacobian
-from attnverify.checks.base import Violation, as_float64, call, tol
+from attnverify.checks.base import Violation, as_float64, call
+from attnverify.tolerances import tol_for
 
 F64 = torch.float64
 
@@ -24,7 +25,7 @@ def _t(case) -> float:
 
 
 def _slack(bound: torch.Tensor) -> torch.Tensor:
-    t = tol(F64)
+    t = tol_for(F64)
     return t.atol + t.rtol * bound.abs()
 
 

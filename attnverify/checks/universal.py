@@ -17,8 +17,8 @@ from attnverify.checks.base import (
     describe_dtype,
     mismatch_message,
     sum_tolerance,
-    tol,
 )
+from attnverify.tolerances import tol_for
 
 NEG_INF = float("-inf")
 
@@ -179,7 +179,7 @@ def check_low_precision(spec, case, ctx) -> float:
 
 def _neg_check(out: torch.Tensor, dtype) -> None:
     lowest = float(out.min()) if out.numel() else 0.0
-    if lowest < -tol(dtype).atol:
+    if lowest < -tol_for(dtype).atol:
         raise Violation(f"negative weight {lowest:.3g}", observed=lowest, bound=0,
                         ratio=math.inf)
 
@@ -234,7 +234,7 @@ def check_shift_invariant(spec, case, ctx) -> float:
     got, want = _out(spec, case, shifted), _out(spec, case)
     t = case.temperature or 1.0
     eps = torch.finfo(scores.dtype).eps
-    slack = 1.0 + (scale + 10.0) * eps / (t * tol(scores.dtype).rtol)
+    slack = 1.0 + (scale + 10.0) * eps / (t * tol_for(scores.dtype).rtol)
     ok, excess = close_mask(got, want, scores.dtype, scale=slack)
     if not ok:
         raise Violation(
@@ -251,7 +251,7 @@ def check_order_preserving(spec, case, ctx) -> float:
     z = as_float64(scores)
     order = torch.argsort(z, dim=-1, stable=True)
     zs, ws = z.gather(-1, order), out.gather(-1, order)
-    t = tol(scores.dtype)
+    t = tol_for(scores.dtype)
     allowed = t.atol + t.rtol * ws.abs()
     drop = (ws[..., :-1] - ws[..., 1:]) / allowed[..., 1:]
     tie = zs[..., :-1] == zs[..., 1:]
