@@ -35,7 +35,7 @@ from attnverify.tolerances import tol_for
 F64 = torch.float64
 #: Longest row when an expression names an entry-wise Jacobian quantity (O(L²) work).
 JACOBIAN_MAX_L = 256
-ENTRYWISE = {"jacobian_entry", "jacobian_frobenius", "jacobian_l1_total"}
+ENTRYWISE = frozenset(name for name, q in QUANTITIES.items() if q.quadratic)
 KINDS = tuple(k for k in S.ALL_KINDS if k not in ("fully_masked", "mixed_scale"))
 
 

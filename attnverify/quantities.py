@@ -99,7 +99,8 @@ class Quantity:
     name: str
     description: str
     compute: Callable[[Case], float]
-    expensive: bool = False
+    #: Costs O(L²) (entry-wise Jacobian by column blocks): callers cap the row length.
+    quadratic: bool = False
 
 
 def _unmasked_weights(case: Case) -> Tensor:
@@ -167,25 +168,24 @@ def _quantities() -> dict[str, Quantity]:
             "jacobian_spectral",
             "‖∂α/∂l‖₂, spectral norm (Lanczos, certified residual)",
             lambda c: float(c.spectral.value),
-            expensive=True,
         ),
         Quantity(
             "jacobian_entry",
             "max |∂α_i/∂l_k|, the largest Jacobian entry",
             lambda c: float(c.entrywise.max_abs),
-            expensive=True,
+            quadratic=True,
         ),
         Quantity(
             "jacobian_frobenius",
             "‖∂α/∂l‖_F, Frobenius norm of the Jacobian",
             lambda c: float(c.entrywise.frobenius),
-            expensive=True,
+            quadratic=True,
         ),
         Quantity(
             "jacobian_l1_total",
             "Σ_ik |∂α_i/∂l_k|, entry-wise ℓ1 total of the Jacobian",
             lambda c: float(c.entrywise.l1_total),
-            expensive=True,
+            quadratic=True,
         ),
     ]
     return {item.name: item for item in q}

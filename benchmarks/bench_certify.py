@@ -60,12 +60,8 @@ def _certifier():
         from attnverify import certify
     except ImportError:
         return None
-    if hasattr(certify, "make_context"):
-        ctx = certify.make_context(PROFILE, max_examples=MAX_EXAMPLES, seed=0)
-        return lambda spec: certify.certify_target(spec, None, ctx)
-    return lambda spec: certify.certify_target(
-        spec, claims=None, profile=PROFILE, max_examples=MAX_EXAMPLES, seed=0
-    )
+    ctx = certify.make_context(PROFILE, max_examples=MAX_EXAMPLES, seed=0)
+    return lambda spec: certify.certify_target(spec, None, ctx)
 
 
 def _certify_all() -> dict | None:

@@ -29,13 +29,8 @@ import resource  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-PAPER_A = (
-    "distance_vs_length",
-    "distance_vs_topn",
-    "critical_topn",
-    "separability",
-    "gradient",
-)
+from attnverify.empirical.config import PAPER_A_EXPERIMENTS as PAPER_A  # noqa: E402
+
 TARGET_SECONDS = 180
 TARGET_MB = 8 * 1024
 
@@ -150,9 +145,9 @@ def render(s: dict) -> str:
 
 
 def _duration(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{int(seconds // 3600)} h {round(seconds % 3600 / 60)} min"
-    return f"{seconds / 60:.0f} min"
+    from attnverify.empirical.report import duration  # imports torch: not at module import
+
+    return duration(seconds)
 
 
 if __name__ == "__main__":

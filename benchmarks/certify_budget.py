@@ -16,9 +16,6 @@ import sys
 import time
 from collections import defaultdict
 
-from attnverify.certify import certify_target, make_context
-from attnverify.registry import builtin_ids, load_target
-
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -26,6 +23,9 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=180.0, help="seconds (default 180)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    from attnverify.certify import certify_target, make_context  # not at asv discovery
+    from attnverify.registry import builtin_ids, load_target
+
     ctx = make_context(args.profile)
     per_target, per_property = {}, defaultdict(float)
     examples = defaultdict(int)

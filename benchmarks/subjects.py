@@ -110,6 +110,7 @@ class Case:
         self.numel = self.z.numel()
         self.itemsize = self.z.element_size()
         self._out = self._grad = self._zg = None
+        self._dst = self.z.new_empty(self.z.shape)
         devices.warm_up(self.forward, device)
         if backward:
             self._prepare_backward(rows, length, dtype)
@@ -140,10 +141,6 @@ class Case:
 
     def copy(self):
         """A same-size copy: the bandwidth yardstick (reads and writes ``numel`` elements)."""
-        if not hasattr(self, "_dst"):
-            import torch
-
-            self._dst = torch.empty_like(self.z)
         self._dst.copy_(self.z)
         devices.sync(self.device)
         return self._dst

@@ -125,6 +125,7 @@ def test_pipeline_end_to_end_and_resume(tmp_path, capsys):
     rows = doc["paper_comparison"]
     assert rows and all({"claim", "paper", "measured", "agrees"} <= set(r) for r in rows)
     assert {n["id"] for n in doc["normalizers"]} == {"softmax", "sparsemax"}
+    assert doc["figures"], "matplotlib is installed: the run must write its figures"
     for name in doc["figures"].values():
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     report = (out / "report.md").read_text(encoding="utf-8")

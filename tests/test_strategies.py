@@ -401,7 +401,14 @@ def test_same_seed_same_tensor_and_other_seed_other_tensor():
     assert not torch.equal(build(7), build(8))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_tensors_are_built_on_the_requested_device():
+    r = avs.build_rows("masked", length=5, batch=2, device=torch.device("cuda"))
+    assert r.scores.device.type == "cuda"
+    cpu = avs.build_rows("masked", length=5, batch=2)
+    assert torch.equal(r.scores.cpu(), cpu.scores), "the device must not change the values"
+
+def test_repro_names_the_device():
     r = avs.build_rows("masked", length=5, batch=2, device=torch.device("cpu"))
     assert r.scores.device == torch.device("cpu")
     assert "device='cpu'" in avs.repro(r)

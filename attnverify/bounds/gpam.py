@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnverify.bounds.jacobian_bounds import softmax_spectral_bound
+
 Number = float | int | Tensor
 
 #: Every daGPAM row sums to exactly this [B, stated].
@@ -87,5 +89,6 @@ def frobenius_maximum(temperature: Number = 1.0) -> Tensor:
     Σ p_j·p_j(1 − p_j) ≤ ¼·Σp_j = ¼``, with equality at the two-way tie.
 
     THEORY.md §6 quotes the value ``¼``: that is the squared norm ``‖J‖_F²`` at ``T = 1``.
+    The value equals the spectral bound, attained at the same row.
     """
-    return 1.0 / (2.0 * torch.as_tensor(temperature, dtype=torch.float64))
+    return softmax_spectral_bound(temperature)

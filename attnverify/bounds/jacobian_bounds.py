@@ -73,8 +73,7 @@ def cor3_paper_bound(temperature: Number = 1.0) -> Tensor:
     The two-way tie gives ``‖J‖₂ = 1/(2T)``, twice the claim whenever ``1/(4T) ≤ √2``; the
     form is right entry-wise (:func:`cor3_entrywise_bound`).
     """
-    quarter = 1.0 / (4.0 * torch.as_tensor(temperature, dtype=torch.float64))
-    return torch.clamp(quarter, max=math.sqrt(2.0))
+    return torch.clamp(cor3_entrywise_bound(temperature), max=math.sqrt(2.0))
 
 
 def fd_estimator_bound(temperature: Number, eps: Number) -> Tensor:

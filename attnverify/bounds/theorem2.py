@@ -35,17 +35,20 @@ def offset_norms(alpha: Tensor, x: Tensor, mask: Tensor) -> Tensor:
     return torch.linalg.vector_norm(alpha.unsqueeze(-1) * x - s.unsqueeze(-2), dim=-1)
 
 
+def _radius(gaps: Tensor, mask: Tensor) -> Tensor:
+    return gaps.masked_fill(mask, float("inf")).amin(dim=-1)
+
+
 def separation_radius(alpha: Tensor, x: Tensor, mask: Tensor) -> Tensor:
     """``r = min_{i∉I_N} ‖s − α_i x_i‖₂`` [stated]; ``+inf`` when every key is selected."""
-    gaps = offset_norms(alpha, x, mask)
-    return gaps.masked_fill(mask, float("inf")).amin(dim=-1)
+    return _radius(offset_norms(alpha, x, mask), mask)
 
 
 def separable_mask(alpha: Tensor, x: Tensor, mask: Tensor) -> Tensor:
     """Selected keys with ``‖α_i x_i − s‖ < r`` (strict [choice]: the closest non-selected point
     lies on the boundary of the closed ball)."""
-    r = separation_radius(alpha, x, mask)
-    return mask & (offset_norms(alpha, x, mask) < r.unsqueeze(-1))
+    gaps = offset_norms(alpha, x, mask)
+    return mask & (gaps < _radius(gaps, mask).unsqueeze(-1))
 
 
 def separable_fraction(alpha: Tensor, x: Tensor, mask: Tensor) -> Tensor:

@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 from attnverify.empirical import config as cfg
-from attnverify.empirical.distance import HEAVY_KEYS
-from attnverify.empirical.targets import parse_normalizers
+from attnverify.empirical.config import HEAVY_KEYS
 from attnverify.errors import UsageError
 
 HELP = "run paper A's five experiments and paper B's rank-collapse check on a causal LM"
@@ -119,7 +118,7 @@ def config_from_args(args: argparse.Namespace) -> cfg.RunConfig:
         model=args.model,
         text=args.text,
         experiments=cfg.parse_experiments(args.experiments),
-        normalizers=parse_normalizers(args.normalizers),
+        normalizers=_parse_normalizers(args.normalizers),
         device=args.device,
         out=args.out or Path(f"empirical-{Path(args.model).name}"),
         resume=args.resume,
@@ -181,3 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"attnverify empirical: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _parse_normalizers(text):
+    """Resolved lazily: the normalizers (and torch) load only when a run starts."""
+    from attnverify.empirical.targets import parse_normalizers
+
+    return parse_normalizers(text)

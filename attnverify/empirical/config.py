@@ -14,6 +14,9 @@ from pathlib import Path
 
 from attnverify.errors import UsageError
 
+#: Keys whose inclusion in I_N is enumerated exactly by the Monte-Carlo E (2³ = 8 strata).
+HEAVY_KEYS = 3
+
 #: Paper A's five algorithms, in the paper's order, then paper B's rank-collapse check.
 PAPER_A_EXPERIMENTS = (
     "distance_vs_length",

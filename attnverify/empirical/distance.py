@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnverify.empirical.config import HEAVY_KEYS
+
 
 @dataclass
 class Ordered:
@@ -186,8 +188,6 @@ def expected_distance_main(alpha, x, valid, n_values: torch.Tensor) -> torch.Ten
     return (length - n_values) / length * total
 
 
-#: Keys whose inclusion in I_N is enumerated exactly by the Monte-Carlo E (2³ = 8 strata).
-HEAVY_KEYS = 3
 
 
 def expected_distance_mc(alpha, x, valid, n_values, draws: int, generator=None):

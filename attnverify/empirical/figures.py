@@ -11,7 +11,7 @@ import io
 import math
 from pathlib import Path
 
-from attnverify.empirical.store import write_bytes_atomic
+from attnverify.atomic import write_bytes_atomic
 from attnverify.empirical.targets import MODEL_SOFTMAX
 
 FIGURES = {

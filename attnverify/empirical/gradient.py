@@ -51,12 +51,3 @@ def sensitivity(
             mean[ti, ei] = delta.mean(-1)
             worst[ti, ei] = delta.amax(-1)
     return mean, worst
-
-
-def softmax_bounds(temperatures: Sequence[float], eps: float) -> dict[str, list[float]]:
-    """The three reference curves of the paper's Fig. 4: ``1/(4T)``, ``1/(2T)``, ``√2/ε``."""
-    return {
-        "quarter_over_T": [1 / (4 * t) for t in temperatures],
-        "half_over_T": [1 / (2 * t) for t in temperatures],
-        "sqrt2_over_eps": [2**0.5 / eps for _ in temperatures],
-    }

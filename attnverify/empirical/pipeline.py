@@ -186,7 +186,7 @@ def _finish(config, meta, results, text, weightings) -> dict:
         "schema_version": 1,
         "kind": "attnverify-empirical",
         "model": meta,
-        "text": _text_meta(text, config),
+        "text": _text_meta(text),
         "settings": cfg.numeric_settings(config),
         "normalizers": [{"id": w.id, "space": w.space, "source": w.source} for w in weightings],
         "environment": _environment(config),
@@ -199,7 +199,7 @@ def _finish(config, meta, results, text, weightings) -> dict:
     return document
 
 
-def _text_meta(text: Text | None, config) -> dict | None:
+def _text_meta(text: Text | None) -> dict | None:
     if text is None:
         return None
     return {"path": _display_path(text.path), "sha256": text.sha256,

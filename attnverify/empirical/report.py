@@ -10,8 +10,8 @@ import math
 from pathlib import Path
 from statistics import median
 
+from attnverify.atomic import write_text_atomic
 from attnverify.empirical.config import PAPER_TABLE1_SECONDS
-from attnverify.empirical.store import write_text_atomic
 from attnverify.empirical.targets import MODEL_SOFTMAX
 
 TITLES = {

@@ -14,7 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from attnverify.empirical.distance import order_rows, residual_norms, selected_mask
+from attnverify.empirical.distance import (
+    order_rows,
+    pairwise_distances,
+    residual_norms,
+    selected_mask,
+)
 
 #: Points closer than this (relative to the radius) count as duplicates, not as δ.
 DUPLICATE_TOLERANCE = 1e-6
@@ -34,9 +39,7 @@ def prefix_min_distance(x: torch.Tensor, radius: float = 1.0):
     out of δ and counted instead: ``duplicates[b, j]`` pairs in the prefix. Computed in float64.
     """
     x = x.to(torch.float64)
-    sq = (x * x).sum(-1)
-    dist = torch.matmul(x, x.transpose(-1, -2)).mul_(-2.0)
-    dist.add_(sq[..., :, None]).add_(sq[..., None, :]).clamp_min_(0.0).sqrt_()
+    dist = pairwise_distances(x)
     n = x.shape[-2]
     earlier = torch.ones(n, n, dtype=torch.bool, device=x.device).tril(-1)  # [k, i]: i < k
     duplicate = (dist < DUPLICATE_TOLERANCE * radius) & earlier

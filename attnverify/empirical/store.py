@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from attnverify.atomic import write_bytes_atomic, write_text_atomic  # noqa: F401 - re-exported
+from attnverify.atomic import write_text_atomic
 
 CHECKPOINT_DIR = "checkpoints"
 

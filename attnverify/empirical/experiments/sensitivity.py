@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from attnverify import bounds
 from attnverify.empirical.experiments.context import Context, exceeds
 from attnverify.empirical.gradient import sensitivity, unit_directions
 from attnverify.empirical.rows import CHUNK_BYTES, chunks
@@ -44,9 +47,9 @@ def gradient(ctx: Context) -> dict:
     directions = unit_directions(logits, ctx.generator(5))
     temps = torch.tensor(cfg.temperatures, dtype=logits.dtype, device=logits.device)
     eps = torch.tensor(cfg.epsilons, dtype=logits.dtype, device=logits.device)
-    half = (1 / (2 * temps))[:, None, None]
-    quarter = half / 2
-    sqrt2 = (2**0.5 / eps)[None, :, None]
+    half = bounds.softmax_spectral_bound(temps)[:, None, None]
+    quarter = bounds.cor3_entrywise_bound(temps)[:, None, None]
+    sqrt2 = (math.sqrt(2.0) / eps)[None, :, None]
     labels = ctx.head_labels()
     result = {"L": ctx.max_length, "T": list(cfg.temperatures), "eps": list(cfg.epsilons),
               "rows": len(batch.rows), "choices": CHOICES, "normalizers": {}}
