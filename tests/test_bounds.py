@@ -563,3 +563,10 @@ def test_lemma3_frobenius_form_is_false_at_a_two_way_tie(length):
 def test_lemma3_frobenius_claim_holds_only_at_two_keys():
     # L = 2: the uniform row *is* the two-way tie, √1/2 = ½.
     close(bounds.lemma3_frobenius_uniform(2), bounds.frobenius_maximum(), "L = 2")
+
+
+def test_min_pairwise_distance_keeps_close_pairs():
+    # 40 rows (> 25) is where cdist's matrix-product shortcut would cancel this gap to 0
+    x = torch.randn(40, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    x[7] = x[3] + 1e-9
+    assert bounds.min_pairwise_distance(x).item() == pytest.approx(8**0.5 * 1e-9, rel=1e-6)

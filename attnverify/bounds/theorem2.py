@@ -23,8 +23,11 @@ def project_to_sphere(x: Tensor, radius: float | Tensor = 1.0) -> Tensor:
 
 
 def min_pairwise_distance(x: Tensor) -> Tensor:
-    """``δ = min_{i≠j} ‖x_i − x_j‖₂`` (``[...]``): the empirical separation of Theorem 2."""
-    dist = torch.cdist(x, x)
+    """``δ = min_{i≠j} ‖x_i − x_j‖₂`` (``[...]``): the empirical separation of Theorem 2.
+
+    Direct differences, not cdist's matrix-product shortcut, which cancels to 0 for close pairs.
+    """
+    dist = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")
     eye = torch.eye(x.shape[-2], dtype=torch.bool, device=x.device)
     return dist.masked_fill(eye, float("inf")).amin(dim=(-2, -1))
 
