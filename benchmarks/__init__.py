@@ -1,6 +1,6 @@
 """attnverify's asv benchmark suite (see benchmarks/README.md).
 
-asv imports every module of this package in each benchmark process, so modules here import
+asv imports every module of this package when it discovers benchmarks, so modules here import
 torch only inside ``setup``: a skipped combination (no GPU, no target set) then costs no
 torch import. Helper modules (``grid``, ``devices``, ``subjects``, ``measure``, ``allocator``)
 hold no benchmarks; ``bench_*`` modules hold them; ``compare_peers`` is a script. Importing the

@@ -7,7 +7,7 @@ is skipped in ``setup`` (``NotImplementedError``), so results from every environ
 ``ATTNVERIFY_BENCH_GRID`` picks one of three named grids (default ``standard``):
 
 - ``standard``: rows 96, L 4096, float32: the issue's target point; what CI's smoke runs and
-  PRs are gated on. Small enough that ``asv run --quick`` takes a few minutes on 2 cores.
+  PRs are gated on. ``asv run --quick`` over it takes 5–7 minutes on 2 cores (spawn).
 - ``long``: rows 96; L 1024, 4096, 16384; float32 and bfloat16.
 - ``full``: rows 8, 96, 768; L 128, 1024, 4096, 16384; float32, bfloat16, float16, float64.
 
