@@ -1,0 +1,317 @@
+"""The fused CPU softmax (attnverify/normalizers/_fused.c) against float64 and against torch.
+
+Every instruction-set path the CPU has is run (``ATTNVERIFY_FUSED_ISA``), so a machine with
+AVX-512 tests the AVX2 and portable paths too.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+from torch.autograd import forward_ad
+
+from attnverify.normalizers import dense, fused
+
+BUILT = fused._ext is not None
+needs_kernel = pytest.mark.skipif(not BUILT, reason=fused.status())
+ISAS = [
+    name
+    for level, name in fused.ISA_NAMES.items()
+    if BUILT and level <= fused._ext.available_isa()
+]
+
+
+def test_extension_is_built_where_a_compiler_exists():
+    """`optional = true` in pyproject.toml hides a failed build; this does not."""
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here, so the extension is not expected")
+    assert BUILT, fused.status()
+    assert fused.status().startswith("fused softmax: on")
+
+
+def _no_reference(_x):
+    raise AssertionError("the reference path ran on an input the kernel handles")
+
+
+def kernel(x: torch.Tensor, temperature: float = 1.0, reference=_no_reference) -> torch.Tensor:
+    y = fused.softmax_lastdim(x, -1, temperature, reference)
+    assert y is not None, "the kernel did not take an eligible input"
+    return y
+
+
+def reference(x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    return dense._softmax_reference(x, -1, temperature)
+
+
+@pytest.fixture(params=ISAS)
+def isa(request, monkeypatch):
+    monkeypatch.setenv("ATTNVERIFY_FUSED_ISA", request.param)
+    return request.param
+
+
+def ulps(actual: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """|actual − exact| in units of the float32 spacing at ``exact`` (subnormal spacing below)."""
+    e = exact.abs().clamp_min(torch.finfo(torch.float32).tiny)
+    spacing = torch.exp2(torch.floor(torch.log2(e)) - 23)
+    return (actual.double() - exact).abs() / spacing
+
+
+@needs_kernel
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 65, 1000, 4096, 4097])
+@pytest.mark.parametrize("scale", [1.0, 10.0, 40.0])
+def test_matches_float64(isa, n, scale):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(6, n, generator=g) * scale
+    y = kernel(x)
+    exact = torch.softmax(x.double(), -1)
+    assert y.dtype == torch.float32 and y.shape == x.shape
+    big = exact > 1e-30
+    ours = ((y.double() - exact).abs() / exact)[big].max().item()
+    theirs = ((torch.softmax(x, -1).double() - exact).abs() / exact)[big].max().item()
+    # as accurate as torch.softmax: both err by (x - max)'s rounding and the sum's; an exp that
+    # is off by 1e-5 fails by an order of magnitude
+    assert ours <= 1.25 * theirs + 5e-7, (ours, theirs)
+    assert ((y[~big].double() - exact[~big]).abs() < 1e-30).all()
+    assert torch.allclose(y.sum(-1).double(), torch.ones(6, dtype=torch.float64), atol=2e-6)
+
+
+@needs_kernel
+def test_exp_is_within_one_ulp(isa):
+    """With ``[0, a…]`` and every ``a ≤ −30`` the row sum rounds to 1, so ``y = exp(a)`` exactly as
+    the kernel's exp computed it: its error is measured directly, down into the subnormals."""
+    a = torch.linspace(-103.9, -30.0, 40001, dtype=torch.float64).to(torch.float32)
+    x = torch.cat([torch.zeros(1), a]).unsqueeze(0)
+    y = kernel(x)[0, 1:]
+    exact = torch.exp(a.double())
+    normal = exact >= torch.finfo(torch.float32).tiny
+    assert ulps(y[normal], exact[normal]).max().item() <= 1.0
+    # subnormal results: within one subnormal spacing (2^-149) of exact
+    assert ((y[~normal].double() - exact[~normal]).abs() <= 2.0**-149).all()
+    assert (y > 0).all()  # exp(-103.9) is the smallest subnormal, not 0
+
+
+@needs_kernel
+def test_masked_keys_get_exactly_zero_and_rows_without_them_are_unchanged(isa):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 37, generator=g)
+    mask = torch.rand(4, 37, generator=g) < 0.4
+    mask[:, 0] = False
+    y = kernel(x.masked_fill(mask, -math.inf))
+    assert (y[mask] == 0).all()
+    for r in range(4):
+        keep = ~mask[r]
+        torch.testing.assert_close(y[r, keep], kernel(x[r, keep].unsqueeze(0))[0])
+
+
+@needs_kernel
+def test_fully_masked_rows_give_zeros_next_to_ordinary_rows(isa):
+    x = torch.randn(5, 20)
+    x[1] = -math.inf
+    x[3] = -math.inf
+    y = kernel(x)
+    assert (y[[1, 3]] == 0).all()
+    torch.testing.assert_close(y.sum(-1), torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0]))
+
+
+@needs_kernel
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_nan_or_inf_rows_take_the_reference_path(isa, bad):
+    x = torch.randn(3, 40)
+    x[1, 7] = bad
+    y = kernel(x, reference=reference)
+    torch.testing.assert_close(y, reference(x), equal_nan=True)
+    assert torch.isnan(y[1]).all() and not torch.isnan(y[[0, 2]]).any()
+
+
+@needs_kernel
+def test_huge_logits_stay_finite(isa):
+    x = torch.tensor([[1e30, 0.0, -1e30], [3e38, -3e38, 3e38], [-3e38, -3e38, -3e38]])
+    y = kernel(x)
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y, torch.tensor([[1.0, 0, 0], [0.5, 0, 0.5], [1 / 3] * 3]))
+
+
+@needs_kernel
+@pytest.mark.parametrize("temperature", [0.05, 0.7, 3.0, 1e6])
+def test_temperature_matches_the_reference_path(isa, temperature):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(8, 300, generator=g) * 4
+    y = kernel(x, temperature)
+    torch.testing.assert_close(y, reference(x, temperature))
+    exact = torch.softmax(x.double() / temperature, -1)
+    big = exact > 1e-30
+    ours = ((y.double() - exact).abs() / exact)[big].max().item()
+    theirs = ((torch.softmax(x / temperature, -1).double() - exact).abs() / exact)[big].max()
+    assert ours <= 1.25 * theirs.item() + 5e-7, (ours, theirs)
+
+
+def test_a_temperature_outside_float32_is_left_to_torch():
+    x = torch.randn(2, 5)
+    assert fused.softmax_lastdim(x, -1, 1e-300, _no_reference) is None
+    y = dense.softmax(x, temperature=1e-300)  # x / T overflows float32 on either path
+    torch.testing.assert_close(y, reference(x, 1e-300), equal_nan=True)
+
+
+@needs_kernel
+def test_attention_shapes_and_empty_tensors(isa):
+    x = torch.randn(2, 3, 5, 17)
+    torch.testing.assert_close(kernel(x), torch.softmax(x, -1))
+    assert fused.softmax_lastdim(torch.empty(0, 4), -1, 1.0, _no_reference) is None
+    assert dense.softmax(torch.empty(3, 0)).shape == (3, 0)
+    v = torch.randn(9)
+    torch.testing.assert_close(kernel(v), torch.softmax(v, -1))
+
+
+@needs_kernel
+def test_output_is_new_and_input_untouched():
+    x = torch.randn(4, 50)
+    before = x.clone()
+    y = kernel(x)
+    assert y.data_ptr() != x.data_ptr()
+    assert torch.equal(x, before)
+
+
+@needs_kernel
+def test_threads_split_rows_without_changing_a_bit():
+    x = torch.randn(512, 1024)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel(x)
+        torch.set_num_threads(2)
+        two = kernel(x)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(one, two)
+
+
+class _Spy:
+    """Stands in for the extension module and counts kernel calls."""
+
+    def __init__(self, ext):
+        self._ext, self.calls = ext, 0
+
+    def softmax_f32(self, *args):
+        self.calls += 1
+        return self._ext.softmax_f32(*args)
+
+    def __getattr__(self, name):
+        return getattr(self._ext, name)
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    s = _Spy(fused._ext)
+    monkeypatch.setattr(fused, "_ext", s)
+    return s
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(4, 8, dtype=torch.float64),
+        lambda: torch.randn(4, 8, dtype=torch.float16),
+        lambda: torch.randn(8, 4).t(),  # not contiguous
+    ],
+    ids=["float64", "float16", "transposed"],
+)
+def test_ineligible_inputs_run_torch_softmax(spy, make):
+    x = make()
+    y = dense.softmax(x)
+    assert spy.calls == 0
+    torch.testing.assert_close(y, torch.softmax(x.float(), -1).to(x.dtype))
+
+
+@needs_kernel
+def test_other_dims_run_torch_softmax(spy):
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(dense.softmax(x, dim=0), torch.softmax(x, 0))
+    assert spy.calls == 0
+    dense.softmax(x, dim=1)
+    assert spy.calls == 1
+
+
+@needs_kernel
+def test_switched_off_by_the_environment(spy, monkeypatch):
+    monkeypatch.setenv("ATTNVERIFY_FUSED", "0")
+    assert not fused.available()
+    assert fused.status() == "fused softmax: off, ATTNVERIFY_FUSED=0"
+    dense.softmax(torch.randn(3, 4))
+    assert spy.calls == 0
+
+
+@needs_kernel
+def test_a_bad_or_missing_instruction_set_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("ATTNVERIFY_FUSED_ISA", "sse9")
+    with pytest.raises(ValueError, match="ATTNVERIFY_FUSED_ISA='sse9' is not one of"):
+        dense.softmax(torch.randn(2, 3))
+    with pytest.raises(ValueError, match="instruction set 4 not available"):
+        fused._ext.softmax_f32(0, 0, 1, 1, 1.0, 1, 4)
+
+
+# ----------------------------------------------------------------------------------- autograd
+
+
+def _pair(shape=(5, 33), seed=3):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g)
+    return x.clone().requires_grad_(), x.clone().requires_grad_()
+
+
+@needs_kernel
+@pytest.mark.parametrize("temperature", [1.0, 0.3])
+def test_gradient_and_second_derivative_match_torch(temperature):
+    a, b = _pair()
+    ya = dense.softmax(a, temperature=temperature)
+    assert type(ya.grad_fn).__name__ == "_FusedSoftmaxBackward"
+    yb = torch.softmax(b / temperature, -1)
+    g = torch.randn_like(ya)
+    (ga,) = torch.autograd.grad(ya, a, g, create_graph=True)
+    (gb,) = torch.autograd.grad(yb, b, g, create_graph=True)
+    torch.testing.assert_close(ga, gb)
+    h = torch.randn_like(ga)
+    torch.testing.assert_close(torch.autograd.grad(ga, a, h)[0], torch.autograd.grad(gb, b, h)[0])
+
+
+@needs_kernel
+def test_forward_mode_matches_torch():
+    x = torch.randn(4, 19)
+    t = torch.randn(4, 19)
+    with forward_ad.dual_level():
+        ours = forward_ad.unpack_dual(dense.softmax(forward_ad.make_dual(x, t), temperature=2.0))
+        theirs = forward_ad.unpack_dual(torch.softmax(forward_ad.make_dual(x, t) / 2.0, -1))
+    torch.testing.assert_close(ours.primal, theirs.primal)
+    torch.testing.assert_close(ours.tangent, theirs.tangent)
+
+
+@needs_kernel
+def test_torch_func_transforms_fall_back_and_agree(spy):
+    x = torch.randn(6)
+    jac = torch.func.jacrev(dense.softmax)(x)
+    jvp = torch.func.jvp(dense.softmax, (x,), (torch.ones(6),))[1]
+    assert spy.calls == 0
+    y = torch.softmax(x, -1)
+    torch.testing.assert_close(jac, torch.diag(y) - y.unsqueeze(-1) * y.unsqueeze(-2))
+    torch.testing.assert_close(jvp, torch.zeros(6))  # shift invariance
+
+
+@needs_kernel
+def test_in_place_edits_of_the_output_behave_as_with_torch_softmax():
+    """The edit itself is allowed (a view returned by a custom Function would refuse it); the
+    backward then refuses, because softmax saved its output — exactly as ``torch.softmax``."""
+    for fn in (dense.softmax, lambda v: torch.softmax(v, -1)):
+        a, _ = _pair()
+        y = fn(a)
+        y.mul_(2.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+
+
+@needs_kernel
+def test_kernel_version_matches_the_build():
+    assert fused._ext.kernel_version() == fused.KERNEL_VERSION
+    assert fused._ext.available_isa() in fused.ISA_NAMES
