@@ -19,6 +19,7 @@ from attnverify.atomic import write_text_atomic
 from attnverify.certify import TargetResult
 from attnverify.checks.base import Context
 from attnverify.errors import UsageError
+from attnverify.normalizers import fused
 
 SCHEMA_VERSION = 1
 
@@ -36,6 +37,8 @@ def certificate(targets: Iterable[TargetResult], ctx: Context) -> dict[str, Any]
         "dtypes": [str(d).removeprefix("torch.") for d in ctx.dtypes],
         "max_examples": ctx.max_examples,
         "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
+        # which softmax the built-ins ran on (the fused CPU kernel or torch.softmax)
+        "softmax_kernel": fused.status(),
         "targets": [t.to_json() for t in targets],
     }
 
@@ -125,6 +128,8 @@ def markdown(data: dict[str, Any]) -> str:
         f"dtypes {', '.join(data.get('dtypes', []))}.",
         "",
     ]
+    if "softmax_kernel" in data:
+        lines += [f"Built-in softmax: {data['softmax_kernel']}.", ""]
     for target in data["targets"]:
         lines += [f"## `{target['target']}` — {target['verdict']}", "",
                   "| property | claimed | status | examples | worst ratio | message |",
