@@ -127,7 +127,7 @@ class _FusedSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (y,) = ctx.saved_tensors
-        g = torch.ops.aten._softmax_backward_data(grad, y, -1, torch.float32)
+        g = torch._softmax_backward_data(grad, y, -1, torch.float32)
         return (g if ctx.temperature == 1.0 else g / ctx.temperature), None, None
 
     @staticmethod
