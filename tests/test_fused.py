@@ -227,6 +227,28 @@ def test_ineligible_inputs_run_torch_softmax(spy, make):
 
 
 @needs_kernel
+def test_lazy_negation_and_modes_run_torch_softmax(spy):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = torch.randn(4, 8)
+    neg = torch._neg_view(x)  # data_ptr holds x; the values are -x
+    torch.testing.assert_close(dense.softmax(neg), torch.softmax(-x, -1))
+    with FlopCounterMode(display=False):
+        dense.softmax(x)
+    assert spy.calls == 0
+
+
+@needs_kernel
+def test_torch_compile_traces_torch_softmax_and_the_kernel_adds_no_graph_break():
+    x = torch.randn(4, 8)
+    explained = torch._dynamo.explain(lambda v: dense.softmax(v) * 2)(x)
+    # (the reference path's fully-masked-row check breaks the graph on its own)
+    where = [b.user_stack[-1].filename for b in explained.break_reasons if b.user_stack]
+    assert not [f for f in where if f.endswith("fused.py")], where
+    torch.testing.assert_close(torch.compile(dense.softmax, backend="eager")(x), kernel(x))
+
+
+@needs_kernel
 def test_other_dims_run_torch_softmax(spy):
     x = torch.randn(4, 8)
     torch.testing.assert_close(dense.softmax(x, dim=0), torch.softmax(x, 0))

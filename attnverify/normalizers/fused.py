@@ -8,7 +8,8 @@ relative error against a float64 reference, ``tests/test_fused.py``).
 
 :func:`softmax_lastdim` returns ``None`` whenever the kernel does not apply, and the caller then
 uses ``torch.softmax``. It applies to a plain (not subclassed) contiguous float32 CPU tensor,
-softmax over its last dimension, outside ``torch.func`` transforms. With autograd the forward is
+softmax over its last dimension, outside ``torch.func`` transforms, torch function or dispatch
+modes and ``torch.compile`` tracing. With autograd the forward is
 the kernel and the backward is ``torch``'s own softmax backward, which is differentiable, so
 double backward works; forward-mode AD has a ``jvp``.
 
@@ -84,14 +85,21 @@ def available() -> bool:
 
 
 def _eligible(x: torch.Tensor, dim: int) -> bool:
+    """Plain memory the kernel can read as rows, and nothing that expects to see torch ops: no
+    subclass (FakeTensor, …), no ``torch.func`` transform, no function or dispatch mode (a
+    FlopCounterMode, a tracer) active."""
     return (
         type(x) is torch.Tensor
         and x.dtype == torch.float32
         and x.device.type == "cpu"
+        and x.layout == torch.strided
         and x.dim() > 0
         and dim in (-1, x.dim() - 1)
         and x.is_contiguous()
+        and not x.is_neg()
         and not torch._C._are_functorch_transforms_active()
+        and torch._C._len_torch_function_stack() == 0
+        and torch._C._len_torch_dispatch_stack() == 0
     )
 
 
@@ -144,7 +152,9 @@ def softmax_lastdim(x: torch.Tensor, dim: int, temperature: float, reference):
     If a row holds NaN or +inf the result is ``reference(x)`` (the caller's own path, given the
     undivided scores), so such inputs behave exactly as without the kernel.
     """
-    if _ext is None or x.numel() == 0 or not _eligible(x, dim) or _disabled():
+    if _ext is None or torch.compiler.is_compiling():
+        return None  # under torch.compile: torch.softmax is traceable, a C call is a graph break
+    if x.numel() == 0 or not _eligible(x, dim) or _disabled():
         return None
     if temperature != 1.0 and not _F32_NORMAL <= temperature <= _F32_MAX:
         return None  # not a normal float32: the kernel divides in float32
