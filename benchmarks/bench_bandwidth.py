@@ -26,9 +26,12 @@ from .grid import DEVICES, DTYPES, LENGTHS, NORMALIZERS, NOT_MEMORY_BOUND, PARAM
 BUDGET_S = 0.25
 
 
-def _measure_one(case, direction: str) -> dict:
+def measure_fraction(case, direction: str, **sampling) -> dict:
+    """``{"fraction", "seconds", "copy_seconds"}`` of one case and direction; ``sampling`` goes
+    to :func:`measure.interleaved` (default: 15 repeats within ``BUDGET_S``)."""
     body = case.forward if direction == "forward" else case.backward
-    samples = measure.interleaved({"n": body, "copy": case.copy}, repeats=15, budget=BUDGET_S)
+    sampling = sampling or {"repeats": 15, "budget": BUDGET_S}
+    samples = measure.interleaved({"n": body, "copy": case.copy}, **sampling)
     t_norm, t_copy = measure.median(samples["n"]), measure.median(samples["copy"])
     fraction = (case.bytes_moved(direction) / t_norm) / (case.bytes_moved("copy") / t_copy)
     return {"fraction": fraction, "seconds": t_norm, "copy_seconds": t_copy}
@@ -60,7 +63,7 @@ def measure_all() -> dict:
                         except NotImplementedError as exc:
                             out[key] = str(exc) or type(exc).__name__
                             continue
-                        entry = {d: _measure_one(case, d) for d in ("forward", "backward")}
+                        entry = {d: measure_fraction(case, d) for d in ("forward", "backward")}
                         if device == "cuda":
                             entry["cuda_peak_mib"] = {
                                 "forward": _cuda_peak_mib(case.forward),

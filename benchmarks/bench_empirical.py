@@ -29,6 +29,7 @@ import resource  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from attnverify.atomic import write_text_atomic  # noqa: E402
 from attnverify.empirical.config import PAPER_A_EXPERIMENTS as PAPER_A  # noqa: E402
 
 TARGET_SECONDS = 180
@@ -56,9 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = _summary(document, rows, total, PAPER_TABLE1_SECONDS)
     print(render(summary))
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+        write_text_atomic(Path(args.json), json.dumps(summary, indent=1) + "\n")
     if args.markdown:
-        Path(args.markdown).write_text(render(summary) + "\n", encoding="utf-8")
+        write_text_atomic(Path(args.markdown), render(summary) + "\n")
     return 0
 
 
@@ -115,6 +116,10 @@ def _summary(document: dict, rows: list[dict], total: float, paper: dict) -> dic
     }
 
 
+#: Paper A's workload: GPT-2 124M, 12 layers × 12 heads.
+GPT2_HEADS = 144
+
+
 def render(s: dict) -> str:
     lines = [
         f"Model {s['model']} ({s['weights']} weights), {s['heads']} heads, L = {s['L']}, "
@@ -136,6 +141,12 @@ def render(s: dict) -> str:
         f"**{_duration(s['paper_total_seconds'])}** | **{s['total_speedup']:,.0f}×** |"
     )
     verdict = "meets" if s["meets_target"] else "MISSES"
+    if s["heads"] != GPT2_HEADS:
+        lines += [
+            "",
+            f"This model has {s['heads']} heads, GPT-2 has {GPT2_HEADS}: the paper columns compare "
+            "unequal work, and only a GPT-2-shaped run (gpt2, gpt2-random) is comparable.",
+        ]
     lines += [
         "",
         f"Peak memory {s['peak_rss_mb']:.0f} MB. {verdict} the target "

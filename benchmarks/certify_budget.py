@@ -15,6 +15,7 @@ import platform
 import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 
 def main(argv=None) -> int:
@@ -55,17 +56,15 @@ def main(argv=None) -> int:
         f"{'within' if ok else 'OVER'} budget"
     )
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(
-                {
-                    "total_s": total,
-                    "budget_s": args.budget,
-                    "per_target": {k: v[0] for k, v in per_target.items()},
-                    "per_property": dict(per_property),
-                },
-                fh,
-                indent=2,
-            )
+        from attnverify.atomic import write_text_atomic
+
+        summary = {
+            "total_s": total,
+            "budget_s": args.budget,
+            "per_target": {k: v[0] for k, v in per_target.items()},
+            "per_property": dict(per_property),
+        }
+        write_text_atomic(Path(args.json), json.dumps(summary, indent=2))
     failed = [n for n, (_, v) in per_target.items() if v != "certified"]
     if failed:
         print(f"not certified: {', '.join(failed)}", file=sys.stderr)

@@ -134,6 +134,9 @@ def accuracy(mods, args, alpha: float) -> dict:
 
 
 def bandwidth(mods, args) -> list[dict]:
+    """Every normalizer's fraction of copy bandwidth, measured as ``bench_bandwidth`` does."""
+    from benchmarks.bench_bandwidth import measure_fraction
+
     devices, grid, measure, subjects = mods
     rows = []
     for name in grid.NORMALIZERS:
@@ -143,11 +146,9 @@ def bandwidth(mods, args) -> list[dict]:
             continue
         row = {"normalizer": name, "design": grid.NOT_MEMORY_BOUND.get(name, "memory-bound")}
         for direction in ("forward", "backward"):
-            body = case.forward if direction == "forward" else case.backward
-            s = measure.interleaved({"n": body, "copy": case.copy}, repeats=9, min_time=0.02)
-            t_n, t_c = measure.median(s["n"]), measure.median(s["copy"])
-            frac = (case.bytes_moved(direction) / t_n) / (case.bytes_moved("copy") / t_c)
-            row[direction] = {"fraction": frac, "multiple_of_bound": 1.0 / frac, "time_s": t_n}
+            m = measure_fraction(case, direction, repeats=9, min_time=0.02)
+            frac, secs = m["fraction"], m["seconds"]
+            row[direction] = {"fraction": frac, "multiple_of_bound": 1.0 / frac, "time_s": secs}
         rows.append(row)
     return rows
 
@@ -293,7 +294,9 @@ def main(argv=None) -> int:
     }
     print(render(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        from attnverify.atomic import write_text_atomic
+
+        write_text_atomic(Path(args.json), json.dumps(report, indent=2) + "\n")
     return 0
 
 
