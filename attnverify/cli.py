@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from attnverify import settings
 from attnverify.errors import UsageError
 
 EXIT_OK, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.command:
             parser.print_help()
             return EXIT_USAGE
+        settings.check()
         return int(commands[args.command][2](args))
     except UsageError as exc:
         print(f"attnverify: error: {exc}", file=sys.stderr)

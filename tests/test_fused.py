@@ -13,6 +13,8 @@ import pytest
 import torch
 from torch.autograd import forward_ad
 
+from attnverify.cli import main
+from attnverify.errors import UsageError
 from attnverify.normalizers import dense, fused
 
 BUILT = fused._ext is not None
@@ -269,7 +271,12 @@ def test_switched_off_by_the_environment(spy, monkeypatch):
 @needs_kernel
 def test_a_bad_or_missing_instruction_set_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("ATTNVERIFY_FUSED_ISA", "sse9")
-    with pytest.raises(ValueError, match="ATTNVERIFY_FUSED_ISA='sse9' is not one of"):
+    with pytest.raises(UsageError, match="ATTNVERIFY_FUSED_ISA='sse9' is not one of"):
+        dense.softmax(torch.randn(2, 3))
+    assert main(["list"]) == 2  # the command line refuses it before running anything
+    monkeypatch.setenv("ATTNVERIFY_FUSED_ISA", "avx2")
+    monkeypatch.setenv("ATTNVERIFY_FUSED", "maybe")
+    with pytest.raises(UsageError, match="ATTNVERIFY_FUSED='maybe'"):
         dense.softmax(torch.randn(2, 3))
     with pytest.raises(ValueError, match="instruction set 4 not available"):
         fused._ext.softmax_f32(0, 0, 1, 1, 1.0, 1, 4)

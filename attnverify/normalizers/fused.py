@@ -18,14 +18,16 @@ Environment:
 - ``ATTNVERIFY_FUSED=0`` turns the kernel off (everything runs on ``torch.softmax``);
 - ``ATTNVERIFY_FUSED_ISA=scalar|avx2|avx512`` forces an instruction set (tests use it to cover
   every path on one machine); asking for one the CPU lacks is an error at first use.
+
+Both are parsed by :mod:`attnverify.settings`; the command line rejects bad values up front.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch.autograd import forward_ad
+
+from attnverify import settings
 
 #: The kernel build this module expects; ``_fused.c``'s ``KERNEL_VERSION``.
 KERNEL_VERSION = 1
@@ -33,8 +35,7 @@ KERNEL_VERSION = 1
 _F32_NORMAL = 1.1754943508222875e-38
 _F32_MAX = 3.4028234663852886e38
 
-ISA_NAMES = {1: "scalar", 2: "avx2", 3: "avx512"}
-_ISA_BY_NAME = {v: k for k, v in ISA_NAMES.items()}
+ISA_NAMES = {level: name for name, level in settings.ISA_LEVELS.items()}
 
 try:  # built by `pip install` when a C compiler is present
     from attnverify.normalizers import _fused as _ext
@@ -53,19 +54,12 @@ else:
 
 
 def _disabled() -> bool:
-    return os.environ.get("ATTNVERIFY_FUSED", "1").strip() in ("0", "false", "no", "off")
+    return not settings.fused_enabled()
 
 
 def _isa() -> int:
     """The instruction set to run: the forced one, else 0 (the kernel picks the best)."""
-    name = os.environ.get("ATTNVERIFY_FUSED_ISA", "").strip().lower()
-    if not name:
-        return 0
-    if name not in _ISA_BY_NAME:
-        raise ValueError(
-            f"ATTNVERIFY_FUSED_ISA={name!r} is not one of {', '.join(_ISA_BY_NAME)}"
-        )
-    return _ISA_BY_NAME[name]
+    return settings.fused_isa()
 
 
 def status() -> str:
