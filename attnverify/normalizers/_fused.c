@@ -364,10 +364,14 @@ static PyObject *softmax_f32(PyObject *self, PyObject *args) {
     const float t = (float)temperature;
     long long flagged = 0;
     Py_BEGIN_ALLOW_THREADS
+    if (nthreads == 1) { /* no parallel region at all: small calls stay cheap */
+        for (long long r = 0; r < rows; r++) flagged += fn(x + r * n, y + r * n, n, t);
+    } else {
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1) reduction(+ : flagged)
+#pragma omp parallel for schedule(static) num_threads(nthreads) reduction(+ : flagged)
 #endif
-    for (long long r = 0; r < rows; r++) flagged += fn(x + r * n, y + r * n, n, t);
+        for (long long r = 0; r < rows; r++) flagged += fn(x + r * n, y + r * n, n, t);
+    }
     Py_END_ALLOW_THREADS
     return PyLong_FromLongLong(flagged);
 }
