@@ -5,6 +5,8 @@
 - ``ATTNVERIFY_FUSED_ISA``: ``scalar``, ``avx2`` or ``avx512`` — force one instruction set (unset:
   the best the CPU has).
 
+Each is read once, at first use, and remembered (reading the environment on every softmax call
+cost more than a small softmax); after changing one in a running process call :func:`reload`.
 A bad value is a :class:`UsageError` (one line, exit 2 from the command line), raised before any
 command runs.
 """
@@ -21,26 +23,37 @@ _ON = ("", "1", "on", "true", "yes")
 _OFF = ("0", "off", "false", "no")
 
 
+_cache: dict[str, object] = {}
+
+
+def reload() -> None:
+    """Forget the values read so far; the next use reads the environment again."""
+    _cache.clear()
+
+
 def fused_enabled() -> bool:
-    value = os.environ.get("ATTNVERIFY_FUSED", "").strip().lower()
-    if value in _OFF:
-        return False
-    if value in _ON:
-        return True
-    raise UsageError(f"ATTNVERIFY_FUSED={value!r}: use 1 or 0 (on or off)")
+    if "enabled" not in _cache:
+        value = os.environ.get("ATTNVERIFY_FUSED", "").strip().lower()
+        if value not in _ON + _OFF:
+            raise UsageError(f"ATTNVERIFY_FUSED={value!r}: use 1 or 0 (on or off)")
+        _cache["enabled"] = value in _ON
+    return _cache["enabled"]
 
 
 def fused_isa() -> int:
     """The forced instruction-set level, or 0 when none is forced."""
-    name = os.environ.get("ATTNVERIFY_FUSED_ISA", "").strip().lower()
-    if not name:
-        return 0
-    if name not in ISA_LEVELS:
-        raise UsageError(f"ATTNVERIFY_FUSED_ISA={name!r} is not one of {', '.join(ISA_LEVELS)}")
-    return ISA_LEVELS[name]
+    if "isa" not in _cache:
+        name = os.environ.get("ATTNVERIFY_FUSED_ISA", "").strip().lower()
+        if name and name not in ISA_LEVELS:
+            raise UsageError(
+                f"ATTNVERIFY_FUSED_ISA={name!r} is not one of {', '.join(ISA_LEVELS)}"
+            )
+        _cache["isa"] = ISA_LEVELS.get(name, 0)
+    return _cache["isa"]
 
 
 def check() -> None:
-    """Raise :class:`UsageError` if an ``ATTNVERIFY_FUSED*`` variable has a bad value."""
+    """Read the ``ATTNVERIFY_FUSED*`` variables afresh; :class:`UsageError` on a bad value."""
+    reload()
     fused_enabled()
     fused_isa()

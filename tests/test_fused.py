@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.autograd import forward_ad
 
+from attnverify import settings
 from attnverify.cli import main
 from attnverify.errors import UsageError
 from attnverify.normalizers import dense, fused
@@ -48,9 +49,21 @@ def reference(x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     return dense._softmax_reference(x, -1, temperature)
 
 
+@pytest.fixture
+def env(monkeypatch):
+    """``env(NAME, value)`` sets a variable for this test; settings are reread either way."""
+
+    def set_(name: str, value: str) -> None:
+        monkeypatch.setenv(name, value)
+        settings.reload()
+
+    yield set_
+    settings.reload()  # the next read comes after monkeypatch has restored the environment
+
+
 @pytest.fixture(params=ISAS)
-def isa(request, monkeypatch):
-    monkeypatch.setenv("ATTNVERIFY_FUSED_ISA", request.param)
+def isa(request, env):
+    env("ATTNVERIFY_FUSED_ISA", request.param)
     return request.param
 
 
@@ -260,8 +273,8 @@ def test_other_dims_run_torch_softmax(spy):
 
 
 @needs_kernel
-def test_switched_off_by_the_environment(spy, monkeypatch):
-    monkeypatch.setenv("ATTNVERIFY_FUSED", "0")
+def test_switched_off_by_the_environment(spy, env):
+    env("ATTNVERIFY_FUSED", "0")
     assert not fused.available()
     assert fused.status() == "fused softmax: off, ATTNVERIFY_FUSED=0"
     dense.softmax(torch.randn(3, 4))
@@ -269,13 +282,13 @@ def test_switched_off_by_the_environment(spy, monkeypatch):
 
 
 @needs_kernel
-def test_a_bad_or_missing_instruction_set_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("ATTNVERIFY_FUSED_ISA", "sse9")
+def test_a_bad_or_missing_instruction_set_is_a_clear_error(env):
+    env("ATTNVERIFY_FUSED_ISA", "sse9")
     with pytest.raises(UsageError, match="ATTNVERIFY_FUSED_ISA='sse9' is not one of"):
         dense.softmax(torch.randn(2, 3))
     assert main(["list"]) == 2  # the command line refuses it before running anything
-    monkeypatch.setenv("ATTNVERIFY_FUSED_ISA", "avx2")
-    monkeypatch.setenv("ATTNVERIFY_FUSED", "maybe")
+    env("ATTNVERIFY_FUSED_ISA", "avx2")
+    env("ATTNVERIFY_FUSED", "maybe")
     with pytest.raises(UsageError, match="ATTNVERIFY_FUSED='maybe'"):
         dense.softmax(torch.randn(2, 3))
     with pytest.raises(ValueError, match="instruction set 4 not available"):

@@ -19,7 +19,8 @@ Environment:
 - ``ATTNVERIFY_FUSED_ISA=scalar|avx2|avx512`` forces an instruction set (tests use it to cover
   every path on one machine); asking for one the CPU lacks is an error at first use.
 
-Both are parsed by :mod:`attnverify.settings`; the command line rejects bad values up front.
+Both are parsed by :mod:`attnverify.settings` (read once; ``settings.reload()`` rereads them);
+the command line rejects bad values up front.
 """
 
 from __future__ import annotations
@@ -81,12 +82,12 @@ def available() -> bool:
 def _eligible(x: torch.Tensor, dim: int) -> bool:
     """Plain memory the kernel can read as rows, and nothing that expects to see torch ops: no
     subclass (FakeTensor, …), no ``torch.func`` transform, no function or dispatch mode (a
-    FlopCounterMode, a tracer) active."""
+    FlopCounterMode, a tracer) active. (Cheapest tests first: this runs on every call.)"""
     return (
         type(x) is torch.Tensor
-        and x.dtype == torch.float32
-        and x.device.type == "cpu"
-        and x.layout == torch.strided
+        and x.is_cpu
+        and x.dtype is torch.float32
+        and x.layout is torch.strided
         and x.dim() > 0
         and dim in (-1, x.dim() - 1)
         and x.is_contiguous()
