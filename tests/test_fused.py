@@ -163,6 +163,21 @@ def test_temperature_matches_the_reference_path(isa, temperature):
     assert ours <= 1.25 * theirs.item() + 5e-7, (ours, theirs)
 
 
+@needs_kernel
+def test_a_temperature_shifts_before_dividing_on_both_paths(isa):
+    """``(z − max)/T``, not ``z/T − max/T``: −3e38/0.5 would overflow to −inf (a row that
+    looks fully masked), and 1e6/0.3 rounds away the differences that decide the weights."""
+    huge = torch.tensor([[-3e38, -2e38]])
+    assert torch.equal(kernel(huge, 0.5), torch.tensor([[0.0, 1.0]]))
+    assert torch.equal(reference(huge, 0.5), torch.tensor([[0.0, 1.0]]))
+    big = torch.tensor([[1e6 + 1, 1e6 + 2, 1e6, 1e6 - 3]])
+    exact = torch.softmax((big.double() - 1e6) / 0.3, -1)
+    for y in (kernel(big, 0.3), reference(big, 0.3)):
+        torch.testing.assert_close(y.double(), exact, rtol=1e-6, atol=0)
+    naive = torch.softmax(big / 0.3, -1)  # what dividing first gives: 8% off
+    assert ((naive.double() - exact).abs() / exact).max() > 0.05
+
+
 def test_a_temperature_outside_float32_is_left_to_torch():
     x = torch.randn(2, 5)
     assert fused.softmax_lastdim(x, -1, 1e-300, _no_reference) is None
@@ -211,6 +226,7 @@ class _Spy:
 
     def softmax_f32(self, *args):
         self.calls += 1
+        self.last = args
         return self._ext.softmax_f32(*args)
 
     def __getattr__(self, name):
@@ -239,6 +255,36 @@ def test_ineligible_inputs_run_torch_softmax(spy, make):
     y = dense.softmax(x)
     assert spy.calls == 0
     torch.testing.assert_close(y, torch.softmax(x.float(), -1).to(x.dtype))
+
+
+@needs_kernel
+def test_the_forced_instruction_set_reaches_the_kernel(spy, isa):
+    dense.softmax(torch.randn(2, 40))
+    assert spy.last[-1] == settings.ISA_LEVELS[isa]
+
+
+@needs_kernel
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated")
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+@pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad=True to a scalar")
+def test_traced_zero_and_tensor_temperature_inputs_run_torch_softmax(spy):
+    x = torch.randn(3, 8)
+    traced = torch.jit.trace(lambda v: dense.softmax(v), x)  # a C call would not be recorded
+    other = torch.randn(3, 8)
+    torch.testing.assert_close(traced(other), torch.softmax(other, -1))
+    spy.calls = 0  # jit.trace's check_trace reran the function eagerly, on the kernel
+    zero = torch._efficientzerotensor((2, 4))  # no memory behind it
+    torch.testing.assert_close(dense.softmax(zero), torch.full((2, 4), 0.25))
+    a = torch.randn(2, 5, requires_grad=True)
+    t = torch.tensor(2.0, requires_grad=True)
+    w = torch.arange(5.0)
+    (dense.softmax(a, temperature=t) * w).sum().backward()  # T's own gradient survives
+    expected = torch.autograd.grad((torch.softmax(a / t, -1) * w).sum(), t)[0]
+    torch.testing.assert_close(t.grad, expected)
+    assert spy.calls == 0
+    p = torch.nn.Parameter(torch.randn(2, 5))
+    assert type(dense.softmax(p).grad_fn).__name__ == "_FusedSoftmaxBackward"
+    assert spy.calls == 1
 
 
 @needs_kernel

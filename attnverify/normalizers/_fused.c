@@ -8,11 +8,14 @@
  * whose error is under 1 ulp, like Sleef's expf that torch uses.
  *
  * Semantics are those of attnverify's softmax (NORMALIZERS.md):
- *   - the argument is (x_i - max) or, with a temperature T != 1, x_i/T - max/T (both rounded,
- *     exactly as torch.softmax(x / T) computes it), so it is <= 0 and exp never overflows;
+ *   - the argument is (x_i - max), divided by T when T != 1: shifted first, so it is <= 0, exp
+ *     never overflows and a large |x| / T neither overflows nor loses the difference to
+ *     rounding (x/T - max/T would); the reference path computes the same expression;
  *   - -inf (a masked key) gives exactly 0; a fully masked row gives zeros;
  *   - a row holding NaN or +inf is not computed here: the call returns how many such rows it
  *     met and the caller recomputes the tensor with the reference path.
+ * The vector paths sum exp in float32 lanes (32 or 16 partial sums), the portable path in one
+ * double, so the three paths can differ by a few ulp; each is tested against float64.
  *
  * Instruction sets: AVX-512F, AVX2+FMA and portable C, chosen at run time (or forced by the
  * caller, so that every path is tested on a machine that has AVX-512). Rows are split over
@@ -36,7 +39,7 @@
 
 /* Bumped whenever the kernel's results change; the Python side refuses a build that differs
  * (a stale in-place build after an edit), see attnverify/normalizers/fused.py. */
-#define KERNEL_VERSION 1
+#define KERNEL_VERSION 3
 
 enum { ISA_AUTO = 0, ISA_SCALAR = 1, ISA_AVX2 = 2, ISA_AVX512 = 3 };
 
@@ -106,11 +109,9 @@ static int row_scalar(const float *x, float *y, int64_t n, float temperature) {
         return 0;
     }
     const int scaled = temperature != 1.0f;
-    const float ms = scaled ? m / temperature : m;
     double s = 0.0; /* one accumulator: double keeps its error below float32's rounding */
     for (int64_t i = 0; i < n; i++) {
-        float v = scaled ? x[i] / temperature : x[i];
-        float e = exp_scalar(v - ms);
+        float e = exp_scalar(scaled ? (x[i] - m) / temperature : x[i] - m);
         y[i] = e;
         s += e;
     }
@@ -183,34 +184,35 @@ __attribute__((target("avx2,fma"))) static int row_avx2(const float *x, float *y
     }
     const int scaled = temperature != 1.0f;
     const __m256 vt = _mm256_set1_ps(temperature);
-    const __m256 vm = _mm256_set1_ps(scaled ? m / temperature : m);
+    const __m256 vm = _mm256_set1_ps(m);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= nv; i += 16) {
-        __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+        __m256 a = _mm256_sub_ps(_mm256_loadu_ps(x + i), vm);
+        __m256 b = _mm256_sub_ps(_mm256_loadu_ps(x + i + 8), vm);
         if (scaled) {
             a = _mm256_div_ps(a, vt);
             b = _mm256_div_ps(b, vt);
         }
-        __m256 ea = exp_avx2(_mm256_sub_ps(a, vm)), eb = exp_avx2(_mm256_sub_ps(b, vm));
+        __m256 ea = exp_avx2(a), eb = exp_avx2(b);
         _mm256_storeu_ps(y + i, ea);
         _mm256_storeu_ps(y + i + 8, eb);
         acc0 = _mm256_add_ps(acc0, ea);
         acc1 = _mm256_add_ps(acc1, eb);
     }
     for (; i < nv; i += 8) {
-        __m256 a = _mm256_loadu_ps(x + i);
+        __m256 a = _mm256_sub_ps(_mm256_loadu_ps(x + i), vm);
         if (scaled) a = _mm256_div_ps(a, vt);
-        __m256 ea = exp_avx2(_mm256_sub_ps(a, vm));
+        __m256 ea = exp_avx2(a);
         _mm256_storeu_ps(y + i, ea);
         acc0 = _mm256_add_ps(acc0, ea);
     }
     if (i < n) { /* tail: padded with -inf, which gives exp = 0 */
         float buf[8];
         for (int j = 0; j < 8; j++) buf[j] = i + j < n ? x[i + j] : -INFINITY;
-        __m256 a = _mm256_loadu_ps(buf);
+        __m256 a = _mm256_sub_ps(_mm256_loadu_ps(buf), vm);
         if (scaled) a = _mm256_div_ps(a, vt);
-        __m256 ea = exp_avx2(_mm256_sub_ps(a, vm));
+        __m256 ea = exp_avx2(a);
         _mm256_storeu_ps(buf, ea);
         for (int64_t j = 0; i + j < n; j++) y[i + j] = buf[j];
         acc1 = _mm256_add_ps(acc1, ea);
@@ -249,7 +251,7 @@ __attribute__((target("avx512f"))) static int row_avx512(const float *x, float *
     int64_t i = 0;
     for (; i + 32 <= nv; i += 32) {
         __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
-        bad |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);
+        bad |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q); /* unordered: a or b is NaN */
         vmax0 = _mm512_max_ps(vmax0, a);
         vmax1 = _mm512_max_ps(vmax1, b);
     }
@@ -272,31 +274,32 @@ __attribute__((target("avx512f"))) static int row_avx512(const float *x, float *
     }
     const int scaled = temperature != 1.0f;
     const __m512 vt = _mm512_set1_ps(temperature);
-    const __m512 vm = _mm512_set1_ps(scaled ? m / temperature : m);
+    const __m512 vm = _mm512_set1_ps(m);
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     for (i = 0; i + 32 <= nv; i += 32) {
-        __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
+        __m512 a = _mm512_sub_ps(_mm512_loadu_ps(x + i), vm);
+        __m512 b = _mm512_sub_ps(_mm512_loadu_ps(x + i + 16), vm);
         if (scaled) {
             a = _mm512_div_ps(a, vt);
             b = _mm512_div_ps(b, vt);
         }
-        __m512 ea = exp_avx512(_mm512_sub_ps(a, vm)), eb = exp_avx512(_mm512_sub_ps(b, vm));
+        __m512 ea = exp_avx512(a), eb = exp_avx512(b);
         _mm512_storeu_ps(y + i, ea);
         _mm512_storeu_ps(y + i + 16, eb);
         acc0 = _mm512_add_ps(acc0, ea);
         acc1 = _mm512_add_ps(acc1, eb);
     }
     for (; i < nv; i += 16) {
-        __m512 a = _mm512_loadu_ps(x + i);
+        __m512 a = _mm512_sub_ps(_mm512_loadu_ps(x + i), vm);
         if (scaled) a = _mm512_div_ps(a, vt);
-        __m512 ea = exp_avx512(_mm512_sub_ps(a, vm));
+        __m512 ea = exp_avx512(a);
         _mm512_storeu_ps(y + i, ea);
         acc0 = _mm512_add_ps(acc0, ea);
     }
     if (tail) {
-        __m512 a = _mm512_mask_loadu_ps(ninf, tail, x + nv);
+        __m512 a = _mm512_sub_ps(_mm512_mask_loadu_ps(ninf, tail, x + nv), vm);
         if (scaled) a = _mm512_div_ps(a, vt);
-        __m512 ea = exp_avx512(_mm512_sub_ps(a, vm));
+        __m512 ea = exp_avx512(a);
         _mm512_mask_storeu_ps(y + nv, tail, ea);
         acc1 = _mm512_add_ps(acc1, ea);
     }
@@ -392,7 +395,8 @@ static PyMethodDef methods[] = {
     {"softmax_f32", softmax_f32, METH_VARARGS,
      "softmax_f32(x_ptr, y_ptr, rows, n, temperature, nthreads, isa) -> rows left to the caller\n\n"
      "Row-wise softmax of a contiguous (rows, n) float32 array into another. Returns the number\n"
-     "of rows holding NaN or +inf, which were not written."},
+     "of rows holding NaN or +inf, which were not written.\n"
+     "UNCHECKED: the addresses must be valid for rows*n floats; use attnverify.normalizers.fused."},
     {"available_isa", available_isa, METH_NOARGS,
      "available_isa() -> best instruction set here: 1 portable C, 2 AVX2+FMA, 3 AVX-512F"},
     {"kernel_version", kernel_version, METH_NOARGS, "kernel_version() -> int"},

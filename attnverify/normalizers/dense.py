@@ -46,8 +46,18 @@ def softmax(scores: torch.Tensor, dim: int = -1, temperature: float = 1.0) -> to
 
 
 def _softmax_reference(scores: torch.Tensor, dim: int, temperature: float) -> torch.Tensor:
-    """:func:`softmax` on ``torch.softmax``: the path for everything the fused kernel skips."""
-    x = scores if temperature == 1.0 else prepare(scores, temperature)
+    """:func:`softmax` on ``torch.softmax``: the path for everything the fused kernel skips.
+
+    With a temperature the row maximum is subtracted before dividing, ``(z − max z)/T``: the
+    same values as ``z/T`` up to the shift softmax ignores, but large scores neither overflow
+    (``−3e38/0.5`` is ``−inf`` in float32) nor lose their differences to the rounding of
+    ``z/T``. The shift is detached (softmax's gradient does not see it) and is 0 for a row
+    without a finite maximum, so masked, NaN and +inf rows keep their meaning.
+    """
+    x = scores
+    if temperature != 1.0:
+        x = prepare(scores)
+        x = (x - row_max(x, dim)) / temperature
     y = torch.softmax(x, dim)
     return finish(_zero_masked_rows(x, y, dim), scores)
 

@@ -31,7 +31,7 @@ from torch.autograd import forward_ad
 from attnverify import settings
 
 #: The kernel build this module expects; ``_fused.c``'s ``KERNEL_VERSION``.
-KERNEL_VERSION = 1
+KERNEL_VERSION = 3
 
 _F32_NORMAL = 1.1754943508222875e-38
 _F32_MAX = 3.4028234663852886e38
@@ -79,12 +79,16 @@ def available() -> bool:
     return _ext is not None and not _disabled()
 
 
+#: Tensor types whose memory is what their values say (a Parameter is a plain tensor too).
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def _eligible(x: torch.Tensor, dim: int) -> bool:
     """Plain memory the kernel can read as rows, and nothing that expects to see torch ops: no
     subclass (FakeTensor, …), no ``torch.func`` transform, no function or dispatch mode (a
     FlopCounterMode, a tracer) active. (Cheapest tests first: this runs on every call.)"""
     return (
-        type(x) is torch.Tensor
+        type(x) in _PLAIN
         and x.is_cpu
         and x.dtype is torch.float32
         and x.layout is torch.strided
@@ -92,6 +96,7 @@ def _eligible(x: torch.Tensor, dim: int) -> bool:
         and dim in (-1, x.dim() - 1)
         and x.is_contiguous()
         and not x.is_neg()
+        and not x._is_zerotensor()  # no memory behind it (data_ptr() is 0)
         and not torch._C._are_functorch_transforms_active()
         and torch._C._len_torch_function_stack() == 0
         and torch._C._len_torch_dispatch_stack() == 0
@@ -147,8 +152,10 @@ def softmax_lastdim(x: torch.Tensor, dim: int, temperature: float, reference):
     If a row holds NaN or +inf the result is ``reference(x)`` (the caller's own path, given the
     undivided scores), so such inputs behave exactly as without the kernel.
     """
-    if _ext is None or torch.compiler.is_compiling():
-        return None  # under torch.compile: torch.softmax is traceable, a C call is a graph break
+    if _ext is None or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return None  # torch.softmax is traceable; a C call is a graph break or, for jit.trace, lost
+    if isinstance(temperature, torch.Tensor):
+        return None  # a tensor temperature may need its own gradient
     if x.numel() == 0 or not _eligible(x, dim) or _disabled():
         return None
     if temperature != 1.0 and not _F32_NORMAL <= temperature <= _F32_MAX:
