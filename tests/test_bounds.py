@@ -11,14 +11,12 @@ import math
 
 import pytest
 import torch
+from helpers import F64, TOL, close
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnverify import bounds
-from attnverify.tolerances import tol_for
 
-F64 = torch.float64
-TOL = tol_for(F64)
 FAST = settings(max_examples=40, deadline=None)
 
 
@@ -34,16 +32,6 @@ def assert_le(observed, bound, what: str) -> None:
     bad = observed > bound + TOL.atol + TOL.rtol * bound.abs()
     assert not bool(bad.any()), (
         f"{what}: observed {observed[bad].tolist()} > bound {bound[bad].tolist()}"
-    )
-
-
-def close(actual, expected, what: str) -> None:
-    torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=F64),
-        torch.as_tensor(expected, dtype=F64),
-        rtol=TOL.rtol,
-        atol=TOL.atol,
-        msg=lambda m: f"{what}: {m}",
     )
 
 

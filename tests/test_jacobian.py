@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import F64, TOL, close
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import brentq
@@ -14,23 +15,11 @@ from scipy.optimize import brentq
 from attnverify import jacobian
 from attnverify.tolerances import tol_for
 
-F64 = torch.float64
-TOL = tol_for(F64)
 FAST = settings(max_examples=25, deadline=None)
 
 
 def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
-
-
-def close(actual, expected, what: str, tol=TOL) -> None:
-    torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=F64),
-        torch.as_tensor(expected, dtype=F64),
-        rtol=tol.rtol,
-        atol=tol.atol,
-        msg=lambda m: f"{what}: {m}",
-    )
 
 
 # Reference normalizers: each maps rows along the last dim.

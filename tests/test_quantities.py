@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from helpers import F64, TOL
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,10 +14,7 @@ from attnverify import jacobian, quantities
 from attnverify.errors import UsageError
 from attnverify.quantities import QUANTITIES, evaluate_quantities
 from attnverify.registry import normalizer_spec
-from attnverify.tolerances import tol_for
 
-F64 = torch.float64
-TOL = tol_for(F64)
 INTERFACE_NAMES = (
     "L",
     "T",
