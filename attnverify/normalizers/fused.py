@@ -2,16 +2,16 @@
 
 ``attnverify.normalizers._fused`` (``_fused.c``, built at install time, optional) computes a
 float32 softmax over the last dimension in three passes with a vectorised polynomial exp. On the
-benchmark machine it takes about 2.2× the time of a same-size copy, where ``torch.softmax`` takes
-about 5× (``benchmarks/compare_peers.py``); its error is that of ``torch.softmax`` (same max
-relative error against a float64 reference, ``tests/test_fused.py``).
+benchmark machine it took 2.34× the time of a same-size copy, where ``torch.softmax`` took 5.2×
+(``docs/benchmarks/cpu-latest.md``); its error against float64 is no larger than
+``torch.softmax``'s (``tests/test_fused.py``).
 
 :func:`softmax_lastdim` returns ``None`` whenever the kernel does not apply, and the caller then
-uses ``torch.softmax``. It applies to a plain (not subclassed) contiguous float32 CPU tensor,
-softmax over its last dimension, outside ``torch.func`` transforms, torch function or dispatch
-modes and ``torch.compile`` tracing. With autograd the forward is
-the kernel and the backward is ``torch``'s own softmax backward, which is differentiable, so
-double backward works; forward-mode AD has a ``jvp``.
+uses ``torch.softmax``. It applies to a contiguous float32 CPU tensor (a plain tensor or a
+Parameter, not another subclass), softmax over its last dimension, outside ``torch.func``
+transforms, torch function or dispatch modes, ``torch.compile`` and ``torch.jit.trace``. With
+autograd the forward is the kernel and the backward is ``torch``'s own softmax backward, which
+is differentiable, so double backward works; forward-mode AD has a ``jvp``.
 
 Environment:
 
@@ -146,7 +146,8 @@ class _FusedSoftmax(torch.autograd.Function):
 
 
 def softmax_lastdim(x: torch.Tensor, dim: int, temperature: float, reference):
-    """``softmax(x / temperature)`` over ``dim`` by the kernel, or ``None`` if it does not apply.
+    """``softmax((x − max x) / temperature)`` over ``dim`` by the kernel, or ``None`` if it does
+    not apply.
 
     ``temperature`` must already be checked (positive, finite). A fully masked row gives zeros.
     If a row holds NaN or +inf the result is ``reference(x)`` (the caller's own path, given the
