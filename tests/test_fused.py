@@ -11,6 +11,9 @@ import shutil
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 from torch.autograd import forward_ad
 
 from attnverify import settings
@@ -403,3 +406,37 @@ def test_in_place_edits_of_the_output_behave_as_with_torch_softmax():
 def test_kernel_version_matches_the_build():
     assert fused._ext.kernel_version() == fused.KERNEL_VERSION
     assert fused._ext.available_isa() in fused.ISA_NAMES
+
+
+# ------------------------------------------------------------------ kernel against the reference
+
+_SPECIAL = st.sampled_from([-math.inf, math.inf, math.nan, 0.0, -0.0, 3e38, -3e38, 1e-40])
+
+
+@st.composite
+def _score_rows(draw):
+    rows, n = draw(st.integers(1, 4)), draw(st.integers(1, 70))
+    scale = draw(st.sampled_from([1.0, 30.0, 1e4, 1e30]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    x = torch.randn(rows, n, generator=g) * scale
+    for _ in range(draw(st.integers(0, 3))):  # a few special values anywhere
+        x[draw(st.integers(0, rows - 1)), draw(st.integers(0, n - 1))] = draw(_SPECIAL)
+    if draw(st.booleans()):  # mask a random subset, sometimes whole rows
+        x = x.masked_fill(torch.rand(rows, n, generator=g) < draw(st.floats(0, 1)), -math.inf)
+    return x
+
+
+@needs_kernel
+@given(x=_score_rows(), temperature=st.sampled_from([1.0, 0.01, 0.7, 3.0, 1e5]))
+@hyp_settings(max_examples=150, deadline=None)
+def test_every_path_agrees_with_the_reference(x, temperature):
+    expected = reference(x, temperature)
+    for name in ISAS:
+        settings.reload()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("ATTNVERIFY_FUSED_ISA", name)
+            y = dense.softmax(x, temperature=temperature)
+        settings.reload()
+        # both exps are within 1 ulp; sums differ in order: a few float32 ulps apart at most
+        torch.testing.assert_close(y, expected, rtol=4e-6, atol=1e-37, equal_nan=True,
+                                   msg=lambda m, name=name: f"{name}: {m}")
