@@ -14,6 +14,7 @@ regression guards asv can run on every commit.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import shutil
 import tempfile
 from pathlib import Path
@@ -68,6 +69,9 @@ class ModelCheck:
     warmup_time = 0.0
 
     def setup(self, experiment):
+        missing = [m for m in ("transformers", "tqdm") if importlib.util.find_spec(m) is None]
+        if missing:  # the "models" extra
+            raise NotImplementedError(f"the model check needs {', '.join(missing)}")
         try:
             from attnverify.empirical.cli import main
         except ImportError as exc:
