@@ -379,3 +379,21 @@ def test_forward_mode_and_vmap(name):
 def test_double_backward(name):
     x = torch.randn(1, 7, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(lambda t: BUILTINS[name](t), (x,))
+
+
+@pytest.mark.parametrize("alpha", [1.25, 1.5, 2.0, 3.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_jacobian_support_weights_fast_path_is_exact(alpha, dtype):
+    """``p^{2−α}`` on the support and exactly 0 off it, whichever path computes it: the backward's
+    fast path (grad mode off: clamp, power, times sign(p)) and the double-backward one."""
+    from attnverify.normalizers import sparse
+
+    p = torch.tensor([[0.0, 0.25, 0.0, 0.7, 0.05, 0.0]], dtype=dtype)
+    expected = torch.where(p > 0, p.clamp_min(1e-300) ** (2.0 - alpha), torch.zeros_like(p))
+    with torch.no_grad():
+        fast = sparse._support_weights(p, alpha)
+    with torch.enable_grad():
+        slow = sparse._support_weights(p, alpha)
+    for s in (fast, slow):
+        torch.testing.assert_close(s, expected, rtol=2 * torch.finfo(dtype).eps, atol=0)
+        assert (s[p == 0] == 0).all()

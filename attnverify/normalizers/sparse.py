@@ -180,11 +180,17 @@ def _support_weights(p: torch.Tensor, alpha: float) -> torch.Tensor:
     (grad mode on inside ``backward``) the power is clamped first, so that
     ``d/dp p^{2−α} = ∞`` at ``p = 0`` cannot turn into NaN.
     """
+    # p ≥ 0, so sign(p) is the support's indicator (1 on it, 0 off it): one cheap pass.
     if alpha == 2.0:
-        return (p > 0).to(p.dtype)
-    if alpha < 2.0 and not torch.is_grad_enabled():
-        return p ** (2.0 - alpha)
+        return torch.sign(p)
     tiny = torch.finfo(p.dtype).tiny
+    if alpha < 2.0 and not torch.is_grad_enabled():
+        # p^{2−α} on clamp(p, tiny), zeroed off the support by sign(p): torch's sqrt and pow
+        # of 0 took 5× their time on other inputs on the benchmark CPU, and most of p is 0.
+        # (A subnormal p ∈ (0, tiny) gets tiny^{2−α}: ≤ 1e-19 in float32, far below tolerance.)
+        e = 2.0 - alpha
+        base = p.clamp_min(tiny)
+        return (base.sqrt_() if e == 0.5 else base.pow_(e)).mul_(torch.sign(p))
     return torch.where(p > 0, p.clamp_min(tiny) ** (2.0 - alpha), torch.zeros_like(p))
 
 
