@@ -184,13 +184,14 @@ def _support_weights(p: torch.Tensor, alpha: float) -> torch.Tensor:
     if alpha == 2.0:
         return torch.sign(p)
     tiny = torch.finfo(p.dtype).tiny
+    if alpha == 1.5 and not torch.is_grad_enabled():
+        # sqrt(clamp(p, tiny)), zeroed off the support by sign(p): torch's sqrt of 0 took 5× its
+        # time on other inputs on the benchmark CPU, and most of p is 0. (A subnormal
+        # p ∈ (0, tiny) gets sqrt(tiny), 1e-19 in float32: far below tolerance.) Not for other
+        # α: there pow of 0 is fast and pow of tiny values 3× slower.
+        return p.clamp_min(tiny).sqrt_().mul_(torch.sign(p))
     if alpha < 2.0 and not torch.is_grad_enabled():
-        # p^{2−α} on clamp(p, tiny), zeroed off the support by sign(p): torch's sqrt and pow
-        # of 0 took 5× their time on other inputs on the benchmark CPU, and most of p is 0.
-        # (A subnormal p ∈ (0, tiny) gets tiny^{2−α}: ≤ 1e-19 in float32, far below tolerance.)
-        e = 2.0 - alpha
-        base = p.clamp_min(tiny)
-        return (base.sqrt_() if e == 0.5 else base.pow_(e)).mul_(torch.sign(p))
+        return p ** (2.0 - alpha)
     return torch.where(p > 0, p.clamp_min(tiny) ** (2.0 - alpha), torch.zeros_like(p))
 
 
