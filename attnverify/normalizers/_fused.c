@@ -2,10 +2,10 @@
  * attnverify.normalizers._fused: a fused float32 softmax over the last dimension (CPU).
  *
  * Why it exists: torch.softmax on CPU spends most of its time in exp (torch.exp alone measured
- * 10.5x a same-size copy); on the benchmark machine softmax takes 5.2-6.3x a copy. This kernel
- * does one read pass for the row maximum, one pass computing exp and the row sum into the output (the
- * row is then in L1), and one in-cache scaling pass, with a table-and-polynomial exp (below)
- * whose error is under 1 ulp.
+ * 8x a same-size copy); on the benchmark machine softmax takes 5.1-6.3x a copy. This kernel
+ * does one read pass for the row maximum, one pass computing exp and the row sum into the
+ * output (the row is then in L1), and one in-cache scaling pass, with a table-and-polynomial
+ * exp (below) whose error is under 1 ulp.
  *
  * Semantics are those of attnverify's softmax (NORMALIZERS.md):
  *   - the argument is (x_i - max), divided by T when T != 1: shifted first, so it is <= 0, exp
