@@ -37,8 +37,9 @@ def softmax(scores: torch.Tensor, dim: int = -1, temperature: float = 1.0) -> to
     :mod:`attnverify.normalizers.fused` (the same values to float32 rounding, in 0.40× the time of
     ``torch.softmax`` at 96 × 4096, ``docs/benchmarks/cpu-latest.md``); everything else runs
     ``torch.softmax`` (max-shifted; half types accumulate in float32 inside the kernel). Both
-    apply a temperature after the shift, ``(z − max z)/T`` (see :func:`_softmax_reference`). A fully masked row, where ``torch.softmax`` gives NaN, returns zeros: only such
-    rows are recomputed, found from the first column, so the common path costs one kernel.
+    apply a temperature after the shift, ``(z − max z)/T`` (see :func:`_softmax_reference`). A
+    fully masked row, where ``torch.softmax`` gives NaN, returns zeros: only such rows are
+    recomputed, found from the first column, so the common path costs one kernel.
     """
     check_temperature(temperature)
     reference = partial(_softmax_reference, dim=dim, temperature=temperature)

@@ -54,29 +54,20 @@ else:
         _ext = None
 
 
-def _disabled() -> bool:
-    return not settings.fused_enabled()
-
-
-def _isa() -> int:
-    """The instruction set to run: the forced one, else 0 (the kernel picks the best)."""
-    return settings.fused_isa()
-
-
 def status() -> str:
     """One line: whether the fused kernel is live, and with which instruction set, or why not."""
     if _ext is None:
         return f"fused softmax: off, {_WHY_NOT}"
-    if _disabled():
+    if not settings.fused_enabled():
         return "fused softmax: off, ATTNVERIFY_FUSED=0"
-    forced = _isa()
+    forced = settings.fused_isa()
     isa = ISA_NAMES[forced or _ext.available_isa()]
     return f"fused softmax: on ({isa}{', forced' if forced else ''})"
 
 
 def available() -> bool:
     """Whether :func:`softmax_lastdim` can run the kernel in this process."""
-    return _ext is not None and not _disabled()
+    return _ext is not None and settings.fused_enabled()
 
 
 #: Tensor types whose memory is what their values say (a Parameter is a plain tensor too).
@@ -114,7 +105,7 @@ def _run(x: torch.Tensor, temperature: float, reference) -> torch.Tensor:
         n,
         float(temperature),
         torch.get_num_threads(),
-        _isa(),
+        settings.fused_isa(),  # 0: the kernel picks the best the CPU has
     )
     return reference(x) if left else y
 
@@ -157,7 +148,7 @@ def softmax_lastdim(x: torch.Tensor, dim: int, temperature: float, reference):
         return None  # torch.softmax is traceable; a C call is a graph break or, for jit.trace, lost
     if isinstance(temperature, torch.Tensor):
         return None  # a tensor temperature may need its own gradient
-    if x.numel() == 0 or not _eligible(x, dim) or _disabled():
+    if x.numel() == 0 or not _eligible(x, dim) or not settings.fused_enabled():
         return None
     if temperature != 1.0 and not _F32_NORMAL <= temperature <= _F32_MAX:
         return None  # not a normal float32: the kernel divides in float32
