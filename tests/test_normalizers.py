@@ -397,3 +397,22 @@ def test_jacobian_support_weights_fast_path_is_exact(alpha, dtype):
     for s in (fast, slow):
         torch.testing.assert_close(s, expected, rtol=2 * torch.finfo(dtype).eps, atol=0)
         assert (s[p == 0] == 0).all()
+
+
+@pytest.mark.parametrize("name", ["dagpam", "sa_softmax"])
+def test_softmax_based_maps_apply_the_temperature_after_the_shift(name):
+    """z/T first overflows (−3e38/0.5 = −inf, a row that looks fully masked: dagpam's rows then
+    summed to 0, not 1) and rounds away differences near 1e6; softmax's own (z − max)/T does not."""
+    fn = BUILTINS[name]
+    huge = torch.tensor([[-3e38, -2e38]])
+    big = torch.tensor([[1e6 + 1, 1e6 + 2, 1e6, 1e6 - 3]])
+    for z, t in ((huge, 0.5), (big, 0.3)):
+        zd = z.double()
+        p = torch.softmax((zd - zd.amax(-1, keepdim=True)) / t, -1)
+        if name == "dagpam":
+            q = torch.softmax((zd.amin(-1, keepdim=True) - zd) / t, -1)
+            expected = 1.5 * p - 0.5 * q
+        else:
+            lo, hi = zd.amin(-1, keepdim=True).clamp_max(0), zd.amax(-1, keepdim=True).clamp_min(0)
+            expected = (zd - lo) / (hi - lo) * p
+        torch.testing.assert_close(fn(z, temperature=t).double(), expected, rtol=1e-5, atol=1e-6)

@@ -112,14 +112,17 @@ def sa_softmax(scores: torch.Tensor, dim: int = -1, temperature: float = 1.0) ->
     unmasked scores are all 0 has a 0/0 factor, taken as 0 (declared policy), so it gives zeros.
     Source: Zheng et al. 2025, arXiv:2502.18277.
     """
-    x = prepare(scores, temperature)
+    # The factor is scale-invariant, so it is computed on z itself; the temperature goes to
+    # softmax, which applies it after the shift (z/T first would overflow for huge z).
+    check_temperature(temperature)
+    x = prepare(scores)
     mask = masked(x)
     finite = torch.where(mask, torch.zeros_like(x), x)
     lo = torch.where(mask, torch.full_like(x, math.inf), x).amin(dim=dim, keepdim=True)
     lo = lo.clamp_max(0.0)
     hi = x.amax(dim=dim, keepdim=True).clamp_min(0.0)
     factor = torch.where(mask, torch.zeros_like(x), safe_divide(finite - lo, hi - lo))
-    return finish(factor * softmax(x, dim), scores)
+    return finish(factor * softmax(x, dim, temperature=temperature), scores)
 
 
 def sigmoid(
@@ -205,6 +208,9 @@ def dagpam(
     negative. Paper B's two-map layer with its approximation ``Q⁻ ≈ −Q⁺`` (THEORY.md §6).
     Masked keys stay masked in both maps. Source: Heo & Choi, arXiv:2410.15578.
     """
-    x = prepare(scores, temperature)
+    check_temperature(temperature)
+    x = prepare(scores)  # the temperature goes to softmax, applied after its shift
     neg = torch.where(masked(x), NEG_INF, -x)
-    return finish((1.0 + lam) * softmax(x, dim) - lam * softmax(neg, dim), scores)
+    pos_w = softmax(x, dim, temperature=temperature)
+    neg_w = softmax(neg, dim, temperature=temperature)
+    return finish((1.0 + lam) * pos_w - lam * neg_w, scores)
