@@ -399,7 +399,7 @@ def test_jacobian_support_weights_fast_path_is_exact(alpha, dtype):
         assert (s[p == 0] == 0).all()
 
 
-@pytest.mark.parametrize("name", ["dagpam", "sa_softmax"])
+@pytest.mark.parametrize("name", ["dagpam", "sa_softmax", "ssmax"])
 def test_softmax_based_maps_apply_the_temperature_after_the_shift(name):
     """z/T first overflows (−3e38/0.5 = −inf, a row that looks fully masked: dagpam's rows then
     summed to 0, not 1) and rounds away differences near 1e6; softmax's own (z − max)/T does not."""
@@ -409,7 +409,10 @@ def test_softmax_based_maps_apply_the_temperature_after_the_shift(name):
     for z, t in ((huge, 0.5), (big, 0.3)):
         zd = z.double()
         p = torch.softmax((zd - zd.amax(-1, keepdim=True)) / t, -1)
-        if name == "dagpam":
+        if name == "ssmax":  # s·log(n)·z, n = 2 and 4 keys: the shift is scaled too
+            c = 0.43 * math.log(z.shape[-1])
+            expected = torch.softmax(c * (zd - zd.amax(-1, keepdim=True)) / t, -1)
+        elif name == "dagpam":
             q = torch.softmax((zd.amin(-1, keepdim=True) - zd) / t, -1)
             expected = 1.5 * p - 0.5 * q
         else:

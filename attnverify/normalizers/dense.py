@@ -85,10 +85,14 @@ def ssmax(
     ``exp(z − s·log n)``, which is identical to softmax.
     Source: Nakanishi 2025, arXiv:2501.19399.
     """
-    x = prepare(scores, temperature)
+    check_temperature(temperature)
+    x = prepare(scores)  # the temperature goes to softmax, applied after its shift
     n = unmasked_count(x, dim).clamp_min(1.0)
-    scaled = torch.where(masked(x), NEG_INF, (s * torch.log(n)) * x)
-    return finish(softmax(scaled, dim), scores)
+    # shifted before scaling too (softmax ignores the shift): s·log(n)·z would round away the
+    # differences of scores near 1e6 before softmax could subtract their maximum
+    shifted = x - row_max(x, dim)
+    scaled = torch.where(masked(x), NEG_INF, (s * torch.log(n)) * shifted)
+    return finish(softmax(scaled, dim, temperature=temperature), scores)
 
 
 def softmax1(scores: torch.Tensor, dim: int = -1, temperature: float = 1.0) -> torch.Tensor:
