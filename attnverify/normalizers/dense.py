@@ -34,7 +34,7 @@ def softmax(scores: torch.Tensor, dim: int = -1, temperature: float = 1.0) -> to
     Lemma 2 and the corrected Corollary 3 apply.
 
     Float32 on the CPU (last dimension, contiguous) runs the fused kernel of
-    :mod:`attnverify.normalizers.fused` (the same values to float32 rounding, in 0.40× the time of
+    :mod:`attnverify.normalizers.fused` (the same values to float32 rounding, in 0.41× the time of
     ``torch.softmax`` at 96 × 4096, ``docs/benchmarks/cpu-latest.md``); everything else runs
     ``torch.softmax`` (max-shifted; half types accumulate in float32 inside the kernel). Both
     apply a temperature after the shift, ``(z − max z)/T`` (see :func:`_softmax_reference`). A

@@ -2,7 +2,7 @@
 
 ``attnverify.normalizers._fused`` (``_fused.c``, built at install time, optional) computes a
 float32 softmax over the last dimension in three passes with a vectorised polynomial exp. On the
-benchmark machine it took 2.11× the time of a same-size copy, where ``torch.softmax`` took 6.3×
+benchmark machine it took 2.11× the time of a same-size copy, where ``torch.softmax`` took 5.1×
 (``docs/benchmarks/cpu-latest.md``); its error against float64 is no larger than
 ``torch.softmax``'s (``tests/test_fused.py``).
 
