@@ -10,136 +10,40 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-import inspect
 import os
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
 from attnverify.errors import TargetError, UsageError
 
+# The record types live in attnverify.spec; they are re-exported here so that
+# ``from attnverify.registry import NormalizerSpec`` keeps working.
+from attnverify.spec import (  # noqa: F401 - re-exports
+    SPACE_CLAIMS,
+    SPACES,
+    Kernel,
+    NormalizerSpec,
+    _accepts_var_keywords,
+    _first_doc_line,
+    _signature_params,
+    normalizer_spec,
+)
+
 ENTRY_POINT_GROUP = "attnverify.normalizers"
-
-#: Output spaces a normalizer may declare (NORMALIZERS.md, "space").
-SPACES = ("simplex", "sub_simplex", "nonnegative", "affine", "any")
-
-#: Claim ids implied by each space, used when a spec gives a space but no claims.
-SPACE_CLAIMS = {
-    "simplex": ("simplex",),
-    "sub_simplex": ("sub_simplex",),
-    "nonnegative": ("nonnegative",),
-    "affine": ("affine_sum",),
-    "any": (),
-}
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """``F`` and ``F'`` of the general normalizer ``α_i = F(l_i) / Σ_j F(l_j)`` (THEORY.md §1).
-
-    ``F(l, T)`` must be smooth and strictly positive on finite ``l`` and must not depend on the
-    row length; Lemma 1 and Lemma 2 apply only to normalizers that declare a kernel.
-    """
-
-    F: Callable[[Any, float], Any]
-    dF: Callable[[Any, float], Any]
-    formula: str = ""
-
-
-@dataclass(frozen=True)
-class NormalizerSpec:
-    """A normalizer under test: the function, its parameters, what it claims, where it is from.
-
-    ``fn(scores, dim=-1, **params)`` maps scores (``-inf`` = masked key) to weights of the same
-    shape. ``params`` holds every parameter with its default; ``temperature`` among them means the
-    temperature-dependent properties apply. ``claims`` are non-universal property ids
-    (INTERFACES.md); the universal ones are always checked.
-    """
-
-    id: str
-    fn: Callable[..., Any]
-    params: Mapping[str, Any] = field(default_factory=dict)
-    claims: tuple[str, ...] = ("simplex",)
-    space: str = "simplex"
-    citation: str = ""
-    source: str = "builtin"
-    kernel: Kernel | None = None
-    length_aware: bool = False
-    description: str = ""
-    #: The target string that loads this spec (set by :func:`load_target`), for repro lines.
-    target: str = ""
-
-    def __post_init__(self) -> None:
-        if self.space not in SPACES:
-            raise TargetError(
-                f"normalizer {self.id!r}: space={self.space!r} is not one of {', '.join(SPACES)}"
-            )
-        if not callable(self.fn):
-            raise TargetError(f"normalizer {self.id!r}: fn is not callable")
-        object.__setattr__(self, "claims", tuple(self.claims))
-        object.__setattr__(self, "params", dict(self.params))
-
-    def __call__(self, scores, dim: int = -1, **overrides):
-        return self.fn(scores, dim=dim, **{**self.params, **overrides})
-
-    @property
-    def takes_temperature(self) -> bool:
-        return "temperature" in self.params
-
-    def with_params(self, **params: Any) -> NormalizerSpec:
-        """A copy with some parameters replaced; unknown names are a usage error."""
-        unknown = sorted(set(params) - set(self.params))
-        if unknown and not _accepts_var_keywords(self.fn):
-            known = ", ".join(sorted(self.params)) or "none"
-            raise UsageError(
-                f"normalizer {self.id!r} has no parameter {unknown[0]!r} (parameters: {known})"
-            )
-        return dataclasses.replace(self, params={**self.params, **params})
-
-    def with_claims(self, claims) -> NormalizerSpec:
-        return dataclasses.replace(self, claims=tuple(claims))
-
-
-def normalizer_spec(
-    fn: Callable[..., Any],
-    *,
-    id: str | None = None,
-    params: Mapping[str, Any] | None = None,
-    claims: tuple[str, ...] | list[str] | None = None,
-    space: str = "simplex",
-    citation: str = "",
-    kernel: Kernel | None = None,
-    length_aware: bool = False,
-    description: str = "",
-) -> NormalizerSpec:
-    """Public constructor for a spec object that declares its claims (INTERFACES.md).
-
-    ``params`` defaults to the keyword defaults of ``fn``'s signature; ``claims`` defaults to
-    the claims implied by ``space``.
-    """
-    if not callable(fn):
-        raise TargetError(f"normalizer {id or fn!r}: fn is not callable")
-    return NormalizerSpec(
-        id=id or getattr(fn, "__name__", "normalizer"),
-        fn=fn,
-        params=_signature_params(fn) if params is None else dict(params),
-        claims=SPACE_CLAIMS[space] if claims is None and space in SPACE_CLAIMS else (claims or ()),
-        space=space,
-        citation=citation,
-        kernel=kernel,
-        length_aware=length_aware,
-        description=description or _first_doc_line(fn),
-    )
-
 
 # --------------------------------------------------------------------------------------------
 # Built-ins
 
 
 def builtins() -> dict[str, NormalizerSpec]:
-    """Every built-in normalizer, by id, in NORMALIZERS.md order."""
+    """Every built-in normalizer, by id, in NORMALIZERS.md order.
+
+    Imported here, not at module level, so that ``import attnverify`` (and the auto-loaded
+    pytest plugin) does not import torch; ``attnverify.normalizers`` imports only
+    :mod:`attnverify.spec`, never this module, so there is no cycle.
+    """
     from attnverify.normalizers import BUILTINS
 
     return dict(BUILTINS)
@@ -246,34 +150,6 @@ def entry_point_names() -> list[str]:
 
 # --------------------------------------------------------------------------------------------
 # Helpers
-
-
-def _signature_params(fn: Callable[..., Any]) -> dict[str, Any]:
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return {}
-    skip = {"scores", "dim", "x", "input", "logits", "z"}
-    out = {}
-    for name, p in sig.parameters.items():
-        if name in skip or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            continue
-        if p.default is not inspect.Parameter.empty:
-            out[name] = p.default
-    return out
-
-
-def _accepts_var_keywords(fn: Callable[..., Any]) -> bool:
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return False
-    return any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
-
-
-def _first_doc_line(fn: Callable[..., Any]) -> str:
-    doc = inspect.getdoc(fn) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
 def _one_line(exc: BaseException) -> str:

@@ -18,7 +18,7 @@ from attnverify.normalizers.dense import (
     stablemax_s,
 )
 from attnverify.normalizers.sparse import entmax15, entmax_alpha, sparsemax
-from attnverify.registry import Kernel, NormalizerSpec
+from attnverify.spec import Kernel, NormalizerSpec
 
 __all__ = [
     "BUILTINS",
