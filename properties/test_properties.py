@@ -1,7 +1,112 @@
-"""The attnverify property suite: every universal property and every claim of each target.
+"""The property suite as pytest tests: one test per (target, property), id ``target::property``.
 
-Run it against the built-ins (``pytest properties``) or any normalizer
-(``pytest properties --attnverify-target=pkg.mod:fn``); see the README's CI recipe.
+Collected from ``properties/`` in this repository, or brought in by the pytest plugin when
+``--attnverify-target`` is given. Each test runs the property under Hypothesis exactly as
+``attnverify certify`` does (same seed, same verdicts, serial or under pytest-xdist).
 """
 
-from attnverify.suite import pytest_generate_tests, test_property  # noqa: F401
+from __future__ import annotations
+
+import json
+from functools import cache
+
+import pytest
+
+from attnverify.checks import PROPERTIES, properties_for
+from attnverify.errors import UsageError
+from attnverify.pytest_plugin import RESULT_KEY, option
+
+
+@cache
+def _load(config_key: tuple):
+    from attnverify.certify import make_context, resolve_claims
+    from attnverify.registry import builtin_ids, load_target, parse_params
+
+    target, claims, params, profile, seed, max_examples, dtypes, device = config_key
+    ctx = make_context(profile, dtypes=dtypes, device=device or "cpu",
+                       max_examples=int(max_examples) if max_examples else None,
+                       seed=int(seed or 0))
+    names = [t.strip() for t in target.split(",")] if target else builtin_ids()
+    chosen = None if claims is None else [c.strip() for c in claims.split(",") if c.strip()]
+    cases = []
+    for name in names:
+        spec = load_target(name, parse_params(params))
+        spec = spec.with_claims(resolve_claims(spec, chosen))
+        for prop in properties_for(spec.claims, ctx):
+            cases.append((name, spec, prop.id))
+    return ctx, cases
+
+
+def _key(config) -> tuple:
+    return tuple(option(config, n) for n in ("target", "claims", "params", "profile", "seed",
+                                               "max_examples", "dtypes", "device"))
+
+
+def _xfails(config) -> list[str]:
+    path = option(config, "xfails")
+    if not path:
+        return []
+    from attnverify.xfails import load_xfails
+
+    return load_xfails(path)
+
+
+def pytest_generate_tests(metafunc):
+    if "attnverify_case" not in metafunc.fixturenames:
+        return
+    try:
+        _, cases = _load(_key(metafunc.config))
+    except UsageError as exc:
+        raise pytest.UsageError(f"attnverify: {exc}") from None
+    entries = _xfails(metafunc.config)
+    params = []
+    for target, spec, prop_id in cases:
+        tid = f"{target}::{prop_id}"
+        marks = [pytest.mark.xfail(reason=f"listed in xfails ({e!r})", strict=False)
+                 for e in entries if e in tid][:1]
+        params.append(pytest.param((target, spec, prop_id), id=tid, marks=marks))
+    metafunc.parametrize("attnverify_case", params)
+
+
+def test_property(attnverify_case, request):
+    """One property of one normalizer, under Hypothesis with the profile's budget and seed."""
+    from attnverify.certify import run_property
+
+    target, spec, prop_id = attnverify_case
+    ctx, _ = _load(_key(request.config))
+    res = run_property(PROPERTIES[prop_id], spec, ctx)
+    record = {"target": target, "claims": list(spec.claims), "params": dict(spec.params),
+              "result": res.to_json()}
+    from attnverify.certify import jsonable
+
+    request.node.user_properties.append((RESULT_KEY, json.dumps(jsonable(record))))
+    if res.status == "not_applicable":
+        pytest.skip(f"{prop_id} not applicable to {target}: {res.message}")
+    if res.status != "holds":
+        ce = res.counterexample or {}
+        lines = [f"{target}::{prop_id} {res.status}: {res.message}"]
+        if "scores" in ce:
+            lines.append(f"minimal counterexample ({ce.get('dtype')}, shape {ce.get('shape')}): "
+                         f"{json.dumps(ce['scores'])[:600]}")
+        if "repro" in ce:
+            lines.append(f"repro: {ce['repro']}")
+        pytest.fail("\n".join(lines), pytrace=False)
+
+
+def certificate_from_records(config, records: list[dict]) -> dict:
+    """The JSON certificate of INTERFACES.md from the suite's per-test records."""
+    from attnverify.certify import PropertyResult, TargetResult
+    from attnverify.report import certificate
+
+    ctx, _ = _load(_key(config))
+    targets: dict[str, TargetResult] = {}
+    for rec in records:
+        t = targets.setdefault(rec["target"], TargetResult(rec["target"], [], [], rec["params"]))
+        r = rec["result"]
+        t.results.append(PropertyResult(**r))
+    order = list(PROPERTIES)
+    for t in targets.values():
+        t.results.sort(key=lambda r: order.index(r.property))
+        t.claims = [r.property for r in t.results if not PROPERTIES[r.property].universal]
+    return certificate(list(targets.values()), ctx)
+

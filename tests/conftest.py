@@ -1,0 +1,24 @@
+"""Every Hypothesis use in ``tests/`` is derandomized: a test either always passes or always fails.
+
+The profile is loaded when this file is imported, before pytest imports the test modules, so the
+module-level ``settings(...)`` objects the tests build (``FAST``, ``FIND``, ...) inherit it. It
+changes nothing for attnverify itself: ``certify``, ``falsify``, ``claims`` and the property suite
+(``properties/``) build their settings with every relevant option given (``derandomize=False``,
+``database=None``, ``deadline=None``) and seed each run with ``hypothesis.seed(ctx.seed)``.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+
+TEST_PROFILE = "attnverify-tests"
+
+settings.register_profile(
+    TEST_PROFILE,
+    derandomize=True,  # the seed comes from the test itself, so every run draws the same examples
+    database=None,  # no example replayed from an earlier run (or an earlier checkout)
+    deadline=None,  # timing on a shared 2-core machine is not a property of the code
+    print_blob=False,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(TEST_PROFILE)
