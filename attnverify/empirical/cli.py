@@ -37,8 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="gpt2 (or any hub id, from the local cache), a local model directory, "
                            "gpt2-random, tiny-gpt2-random or smollm2-135m")
     main.add_argument("--text", type=Path, default=None,
-                      help="UTF-8 text file (default: ../shared/data/war_and_peace_pg2600.txt, "
-                           "searched upward from the working directory)")
+                      help="UTF-8 text file, plain or .xz/.gz (default: the excerpt of War and "
+                           "Peace shipped with attnverify, Books One and Two, public domain)")
     main.add_argument("--experiments", default="all",
                       help=f"'all' or a comma-separated list of: {', '.join(cfg.EXPERIMENTS)}")
     main.add_argument("--normalizers", default="",
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _summary(document: dict, out: Path) -> None:
-    rows = document.get("paper_comparison", [])
+    rows = [r for r in document.get("paper_comparison", []) if r["agrees"] is not None]
     agree = sum(1 for r in rows if r["agrees"])
     meta = document.get("model")
     who = f"{meta['name']}, {meta['weights']} weights" if meta else "attention stacks"

@@ -133,14 +133,26 @@ def duration(seconds: float) -> str:
 
 
 def _comparison(doc: dict) -> str:
-    rows = [[r["experiment"], r["claim"], r["paper"], r["measured"], _agree(r["agrees"])]
-            for r in doc.get("paper_comparison", [])]
-    if not rows:
+    all_rows = doc.get("paper_comparison", [])
+    if not all_rows:
         return ""
+    stated = [r for r in all_rows if not r.get("diagnostic")]
+    extra = [r for r in all_rows if r.get("diagnostic")]
     who = doc["model"]["name"] if doc.get("model") else "the stacks"
-    return ("## Paper comparison\n\nMeasured on " + who + " with its own softmax attention. "
-            "Each row's criterion is in `results.json`.\n\n"
-            + _table(["experiment", "claim", "paper says", "measured", "agrees"], rows))
+    agree = sum(1 for r in stated if r["agrees"])
+    scored = sum(1 for r in stated if r["agrees"] is not None)
+    parts = ["## Paper comparison\n\nMeasured on " + who + " with its own softmax attention, "
+             "each claim scored on the quantity and the shape the paper states (the criterion "
+             f"of each row is in `results.json`). **{agree} of {scored} scored claims agree.**",
+             _table(["experiment", "claim", "paper says", "measured", "agrees"],
+                    [[r["experiment"], r["claim"], r["paper"], r["measured"],
+                      _agree(r["agrees"])] for r in stated])]
+    if extra:
+        parts += ["### Diagnostics (not claims of the papers; not counted)",
+                  _table(["experiment", "check", "why it is apart", "measured", "holds"],
+                         [[r["experiment"], r["claim"], r["paper"], r["measured"],
+                           "yes" if r.get("holds") else "no"] for r in extra])]
+    return "\n\n".join(parts)
 
 
 def _agree(flag) -> str:
