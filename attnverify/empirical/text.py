@@ -1,29 +1,40 @@
 """The text the model reads: loading, Project Gutenberg stripping, and token windows.
 
-Development and CI read War and Peace from ``../shared/data/war_and_peace_pg2600.txt`` (found by
-searching upward from the working directory and from the package); anything else comes through
-``--text``. The text is never copied into the project.
+Without ``--text`` the model check reads the excerpt of *War and Peace* shipped inside the
+package (``attnverify/empirical/data/``, whose README states its source, extent, checksum and
+licence). ``--text`` takes any UTF-8 file, plain or compressed (``.xz``, ``.gz``).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import gzip
 import hashlib
+import lzma
 import re
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from attnverify.errors import UsageError
 
-DEFAULT_TEXT = Path("shared") / "data" / "war_and_peace_pg2600.txt"
+#: The packaged default text, under ``attnverify/empirical/data/``.
+DEFAULT_TEXT_NAME = "war_and_peace_excerpt.txt.xz"
 _START = re.compile(r"^\*\*\* ?START OF (THIS|THE) PROJECT GUTENBERG", re.IGNORECASE)
 _END = re.compile(r"^\*\*\* ?END OF (THIS|THE) PROJECT GUTENBERG", re.IGNORECASE)
 _HEADING = re.compile(r"^(BOOK|PART|VOLUME|CHAPTER)\b")
+_DECOMPRESS = {".xz": lzma.decompress, ".gz": gzip.decompress}
+_RESOURCE_FILES = contextlib.ExitStack()  # extracted copies when installed as a zip
+atexit.register(_RESOURCE_FILES.close)
 
 
 @dataclass(frozen=True)
 class Text:
-    """The prose the model reads, where it came from and its checksum (of the file's bytes)."""
+    """The prose the model reads, where it came from and its checksum (of the file's bytes,
+    after decompression for a compressed file)."""
 
     path: Path
     prose: str
@@ -31,41 +42,43 @@ class Text:
     first_line: int  # 1-based line of the file where the prose starts
 
 
-def find_default_text(start: Path | None = None) -> Path | None:
-    """``shared/data/war_and_peace_pg2600.txt`` in the working directory or any ancestor of it
-    (so ``../shared/data/`` from the repository root), or beside the installed package."""
-    roots = [Path.cwd() if start is None else Path(start)]
-    roots.append(Path(__file__).resolve().parents[2])
-    for root in roots:
-        for folder in (root.resolve(), *root.resolve().parents):
-            candidate = folder / DEFAULT_TEXT
-            if candidate.is_file():
-                return candidate
-    return None
+def find_default_text() -> Path | None:
+    """The path of the packaged default text, or None when the installation lacks it."""
+    resource = resources.files("attnverify.empirical") / "data" / DEFAULT_TEXT_NAME
+    if not resource.is_file():
+        return None
+    if isinstance(resource, Path):
+        return resource
+    return Path(_RESOURCE_FILES.enter_context(resources.as_file(resource)))
 
 
 def resolve_text_path(text: Path | None) -> Path:
+    """``--text`` as given, or the packaged default text."""
     if text is not None:
         return Path(text)
     found = find_default_text()
     if found is None:
         raise UsageError(
-            "no text given and ../shared/data/war_and_peace_pg2600.txt was not found above the "
-            "working directory: pass --text PATH to a UTF-8 text file"
+            f"no --text given and the packaged default text ({DEFAULT_TEXT_NAME}) is missing from "
+            "this installation: pass --text PATH to a UTF-8 text file, or reinstall attnverify"
         )
     return found
 
 
 def load_text(path: Path) -> Text:
-    """Read a UTF-8 file (BOM allowed) and keep its prose: a Project Gutenberg header, table of
-    contents and license are dropped (see :func:`gutenberg_prose`)."""
+    """Read a UTF-8 file (BOM allowed; ``.xz`` and ``.gz`` are decompressed) and keep its prose:
+    a Project Gutenberg header, table of contents and license are dropped (see
+    :func:`gutenberg_prose`)."""
     path = Path(path)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         raise UsageError(f"text file not found: {str(path)!r}") from None
+    except IsADirectoryError:
+        raise UsageError(f"--text {str(path)!r} is a directory, not a text file") from None
     except OSError as exc:
         raise UsageError(f"cannot read text file {str(path)!r}: {exc.strerror}") from None
+    raw = _decompressed(path, raw)
     try:
         decoded = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -78,6 +91,18 @@ def load_text(path: Path) -> Text:
         raise UsageError(f"text file {str(path)!r} holds no prose")
     digest = hashlib.sha256(raw).hexdigest()
     return Text(path=path, prose=prose, sha256=digest, first_line=first_line)
+
+
+def _decompressed(path: Path, raw: bytes) -> bytes:
+    decompress = _DECOMPRESS.get(path.suffix.lower())
+    if decompress is None:
+        return raw
+    try:
+        return decompress(raw)
+    except (lzma.LZMAError, gzip.BadGzipFile, zlib.error, EOFError) as exc:
+        raise UsageError(
+            f"text file {str(path)!r} is not a valid {path.suffix[1:]} file: {exc}"
+        ) from None
 
 
 def gutenberg_prose(text: str) -> tuple[str, int]:
