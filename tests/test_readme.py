@@ -37,7 +37,28 @@ def test_universal_properties_listed():
         assert f"`{pid}`" in README
 
 
-def test_torch_pin_matches_pyproject():
+def _torch_requirement() -> str:
     pyproject = (ROOT / "pyproject.toml").read_text()
-    pin = re.search(r'"torch==([\d.]+)"', pyproject).group(1)
-    assert f"torch=={pin}" in README
+    found = re.findall(r'^\s*"(torch[^"]*)",?\s*$', pyproject, flags=re.M)
+    assert len(found) == 1, f"expected one torch requirement in pyproject.toml, found {found}"
+    return found[0]
+
+
+def test_pyproject_declares_a_torch_range_not_a_pin():
+    req = _torch_requirement()
+    assert re.fullmatch(r"torch>=[\d.]+(,\s*<[\d.]+)?", req), (
+        f"pyproject.toml requires {req!r}: declare a range (torch>=X), pin in constraints.txt"
+    )
+    floor = req.split(">=")[1].split(",")[0]
+    assert f"`torch>={floor}`" in README, f"README does not state the range torch>={floor}"
+
+
+def test_constraints_pin_torch_and_every_install_uses_them():
+    constraints = (ROOT / "constraints.txt").read_text()
+    pin = re.search(r"^torch==([\d.]+)$", constraints, flags=re.M)
+    assert pin, "constraints.txt must pin torch==X.Y.Z"
+    assert f"torch=={pin.group(1)}" in README
+    for cmd in _commands():
+        assert 'pip install -c constraints.txt -e ".[all]"' in cmd, cmd
+    tox = (ROOT / "tox.ini").read_text()
+    assert "-c {toxinidir}/constraints.txt" in tox
