@@ -6,7 +6,9 @@ runs every universal property and every claim of the target as one test each, wi
 ``<target>::<property>`` (the same ids as ``--xfails`` files), and writes the JSON certificate of
 INTERFACES.md. Settings come from options or environment variables (``ATTNVERIFY_TARGET``,
 ``ATTNVERIFY_PROFILE``, ...). Without a target the suite in ``properties/`` checks every
-built-in. Works under pytest-xdist: results travel to the controller, which writes the file.
+built-in. The suite module is ``properties/test_properties.py`` in the repository, installed as
+``attnverify.properties.test_properties``. Works under pytest-xdist: results travel to the
+controller, which writes the file.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-SUITE = Path(__file__).with_name("suite.py")
-RESULT_KEY = "attnverify_result"
+from attnverify.properties import RESULT_KEY, SUITE, option  # noqa: F401 - option re-exported
 
 _OPTIONS = [
     ("target", "ATTNVERIFY_TARGET", "normalizer(s) under test, comma-separated: built-in id, "
@@ -41,10 +42,6 @@ def pytest_addoption(parser):
     for name, env, help_text in _OPTIONS:
         group.addoption(f"--attnverify-{name}", default=os.environ.get(env),
                         help=f"{help_text} [env {env}]")
-
-
-def option(config, name: str):
-    return config.getoption(f"--attnverify-{name.replace('_', '-')}")
 
 
 def pytest_configure(config):
@@ -100,7 +97,7 @@ def pytest_sessionfinish(session, exitstatus):
     if not (json_path or md_path) or not _COLLECTED:
         return
     from attnverify import report
-    from attnverify.suite import certificate_from_records
+    from attnverify.properties.test_properties import certificate_from_records
 
     data = certificate_from_records(config, _COLLECTED)
     if json_path:

@@ -1,8 +1,10 @@
-"""The property suite as pytest tests: one test per (target, property), id ``target::property``.
+"""The attnverify property suite: one test per (target, property), id ``target::property``.
 
-Collected from ``properties/`` in this repository, or brought in by the pytest plugin when
-``--attnverify-target`` is given. Each test runs the property under Hypothesis exactly as
-``attnverify certify`` does (same seed, same verdicts, serial or under pytest-xdist).
+Every universal property and every claim of each target. Run it against the built-ins
+(``pytest properties``) or any normalizer (``pytest properties --attnverify-target=pkg.mod:fn``);
+in an installed attnverify (module ``attnverify.properties.test_properties``) the pytest plugin
+brings it in when ``--attnverify-target`` is given. Each test runs the property under Hypothesis
+exactly as ``attnverify certify`` does (same seed, same verdicts, serial or under pytest-xdist).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 
 from attnverify.checks import PROPERTIES, properties_for
 from attnverify.errors import UsageError
-from attnverify.pytest_plugin import RESULT_KEY, option
+from attnverify.properties import RESULT_KEY, option
 
 
 @cache

@@ -1,0 +1,161 @@
+"""No import cycles among attnverify's modules, and every package is in pyproject.toml.
+
+What counts as an import: every ``import`` and ``from ... import`` statement anywhere in a
+module, at module level or inside a function (a lazy import is still a dependency; hiding a
+cycle behind one is what this test exists to stop). ``from pkg import name`` depends on the
+submodule ``pkg.name`` when ``name`` is a submodule (``.py``, a package or a C extension), and on
+``pkg`` itself otherwise. Importing a submodule also runs its parent packages' ``__init__``, but
+that implicit edge is not counted: a package's ``__init__`` importing its own submodules is
+the normal layout, not a cycle. ``properties/`` is read as ``attnverify.properties``, as it is
+installed.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Source folders and the package each one installs as (pyproject.toml's package-dir).
+SOURCES = {ROOT / "attnverify": "attnverify", ROOT / "properties": "attnverify.properties"}
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for base, package in SOURCES.items():
+        for path in sorted(base.rglob("*.py")):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join([package, *parts])] = path
+    return out
+
+
+def _extensions() -> set[str]:
+    """C extension modules (built or not), named from their ``.c`` sources."""
+    out = set()
+    for base, package in SOURCES.items():
+        for path in base.rglob("*.c"):
+            parts = path.relative_to(base).with_suffix("").parts
+            out.add(".".join([package, *parts]))
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the attnverify modules it imports (see the module docstring for the rules)."""
+    mods = _modules()
+    known = set(mods) | _extensions()
+
+    def owner(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    module = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    module = node.module or ""
+                subs = [f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in known]
+                targets.update(subs)
+                if len(subs) < len(node.names):
+                    targets.add(module)
+        graph[name] = {
+            t
+            for t in map(owner, (t for t in targets if t.split(".")[0] == "attnverify"))
+            if t and t != name and t in mods
+        }
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * len(graph) + 100))
+    try:
+        for v in sorted(graph):
+            if v not in index:
+                visit(v)
+    finally:
+        sys.setrecursionlimit(limit)
+    return found
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    assert len(graph) > 30 and "attnverify.properties.test_properties" in graph
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_lazy_imports_count(tmp_path, monkeypatch):
+    """A function-level import is an edge: the registry <-> normalizers cycle would be caught."""
+    pkg = tmp_path / "attnverify"
+    (pkg / "normalizers").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "registry.py").write_text(
+        "def builtins():\n    from attnverify.normalizers import BUILTINS\n    return BUILTINS\n"
+    )
+    (pkg / "normalizers" / "__init__.py").write_text(
+        "from attnverify.registry import builtins\nfrom . import _fused\nBUILTINS = {}\n"
+    )
+    (pkg / "normalizers" / "_fused.c").write_text("")
+    monkeypatch.setitem(SOURCES, pkg, "attnverify")
+    for base in [b for b in SOURCES if b != pkg]:
+        monkeypatch.delitem(SOURCES, base)
+    graph = import_graph()
+    assert graph["attnverify.normalizers"] == {"attnverify.registry"}
+    assert cycles(graph) == [["attnverify.normalizers", "attnverify.registry"]]
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists its packages (properties/ is mapped in); none may be forgotten."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    block = re.search(r"^\[tool\.setuptools\]\s*\npackages\s*=\s*\[(.*?)\]", text, re.S | re.M)
+    assert block, "pyproject.toml: [tool.setuptools] packages = [...] not found"
+    listed = set(re.findall(r'"([\w.]+)"', block.group(1)))
+    packages = {name for name, path in _modules().items() if path.name == "__init__.py"}
+    assert listed == packages
+    assert re.search(r'^"attnverify\.properties"\s*=\s*"properties"', text, re.M)
