@@ -36,9 +36,16 @@ DEFAULT_STEPS = {"lanczos": 128, "power": 2000}
 class Linearization:
     """``J·v`` and ``Jᵀ·u`` of a row-wise map at fixed rows ``z`` (``[R, L]``).
 
-    ``mode`` is ``"forward"`` (``torch.func``) until a product fails there, then
-    ``"double_backward"`` (plain autograd on one recorded graph); ``forward_error`` keeps the
-    reason.
+    ``mode`` says how the products are formed, trying each in turn and keeping the first that
+    works (``forward_error`` keeps why forward mode failed):
+
+    - ``"forward"``: ``torch.func`` (``jvp`` for ``J·v``, ``vjp`` for ``Jᵀ·u``);
+    - ``"double_backward"``: plain autograd on one recorded graph; ``Jᵀu`` is one backward pass
+      and ``J·v`` the double-backward trick ``∂⟨Jᵀw, v⟩/∂w`` (``f``'s backward differentiable);
+    - ``"reverse_rows"``: reverse mode only (a classic ``autograd.Function`` whose backward is
+      ``once_differentiable`` or not recorded): the dense ``[R, L, L]`` Jacobian is built once
+      from ``L`` explicit VJPs (rows repeated, one basis cotangent per copy), then ``J·v`` and
+      ``Jᵀu`` are matrix products. Needs ``R·L²`` numbers; refused above :data:`DENSE_ELEMENTS`.
     """
 
     def __init__(self, f: RowMap, z: Tensor) -> None:
@@ -47,20 +54,23 @@ class Linearization:
         self._vjp_fn = None
         self.forward_error: BaseException | None = None
         self._graph: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+        self._dense: Tensor | None = None
 
     def jvp(self, v: Tensor) -> Tensor:
         if self.mode == "forward":
             try:
                 return torch.func.jvp(self.f, (self.z,), (v,))[1]
-            except (RuntimeError, NotImplementedError) as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure of torch.func: fall back
                 self._fall_back(exc)
-        zz, out, seed, g = self._recorded()
-        if not g.requires_grad and out.requires_grad:
-            raise RuntimeError(
-                "cannot form J·v: f has no forward-mode AD and its backward is not "
-                "differentiable (double backward)"
-            )
-        return _grad(g, seed, v)
+        if self.mode == "double_backward":
+            try:
+                zz, out, seed, g = self._recorded()
+                if g.requires_grad or not out.requires_grad:
+                    return _grad(g, seed, v)
+            except RuntimeError:
+                pass  # a once_differentiable backward, or one that cannot be recorded
+            self.mode = "reverse_rows"
+        return torch.bmm(self.dense(), v.unsqueeze(-1)).squeeze(-1)
 
     def vjp(self, u: Tensor) -> Tensor:
         if self.mode == "forward":
@@ -68,13 +78,34 @@ class Linearization:
                 if self._vjp_fn is None:
                     self._vjp_fn = torch.func.vjp(self.f, self.z)[1]
                 return self._vjp_fn(u)[0]
-            except (RuntimeError, NotImplementedError) as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure of torch.func: fall back
                 self._fall_back(exc)
-        zz, out, _, _ = self._recorded()
+        if self.mode == "reverse_rows":
+            return torch.bmm(self.dense().transpose(1, 2), u.unsqueeze(-1)).squeeze(-1)
+        zz, out = self._plain()
         return _grad(out, zz, u)
+
+    def dense(self) -> Tensor:
+        """The ``[R, L, L]`` Jacobian from reverse mode only (built once, by row blocks)."""
+        if self._dense is None:
+            R, L = self.z.shape
+            if R * L * L > DENSE_ELEMENTS:
+                raise RuntimeError(
+                    f"f has no forward-mode AD and no double backward, and its dense Jacobian "
+                    f"({R} rows × {L}² entries) is too large to build from VJPs"
+                )
+            self._dense = torch.cat(list(_reverse_row_blocks(self.f, self.z)), dim=-2)
+        return self._dense
 
     def _fall_back(self, exc: BaseException) -> None:
         self.mode, self._vjp_fn, self.forward_error = "double_backward", None, exc
+
+    def _plain(self) -> tuple[Tensor, Tensor]:
+        if self._graph is not None:
+            return self._graph[0], self._graph[1]
+        with torch.enable_grad():
+            zz = self.z.clone().requires_grad_(True)
+            return zz, self.f(zz)
 
     def _recorded(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         if self._graph is None:
@@ -85,6 +116,30 @@ class Linearization:
                 g = _grad(out, zz, seed, create_graph=True)
             self._graph = (zz, out, seed, g)
         return self._graph
+
+
+#: Largest dense Jacobian (``R·L²`` numbers) built from VJPs when ``f`` has only reverse mode.
+DENSE_ELEMENTS = 1 << 24
+
+
+def _reverse_row_blocks(f: RowMap, z: Tensor, block: int | None = None) -> Iterator[Tensor]:
+    """Row blocks ``J[:, r0:r0+k, :]`` (``[R, k, L]``) of every row's Jacobian, reverse mode only.
+
+    The rows are repeated ``k`` times and copy ``j`` gets the cotangent ``e_{r0+j}``, so one
+    backward pass gives ``k`` rows of ``J`` (``Jᵀe_i`` is row ``i``). Memory ``O(k·R·L)``.
+    """
+    R, L = z.shape
+    k = block or max(1, min(L, BLOCK_ELEMENTS // max(1, R * L)))
+    with torch.enable_grad():
+        zz = z.detach().repeat(k, 1).requires_grad_(True)
+        out = f(zz)
+        for r0 in range(0, L, k):
+            width = min(k, L - r0)
+            basis = z.new_zeros(k, R, L)
+            idx = torch.arange(width, device=z.device)
+            basis[idx, :, r0 + idx] = 1.0
+            g = _grad(out, zz, basis.reshape(k * R, L)).reshape(k, R, L)[:width]
+            yield g.transpose(0, 1)
 
 
 def _grad(out: Tensor, wrt: Tensor, cotangent: Tensor, *, create_graph: bool = False) -> Tensor:
@@ -272,25 +327,46 @@ def jacobian_blocks(f: RowMap, z: Tensor, *, block: int | None = None) -> Iterat
 
     Row-wise ``f`` lets ``k`` columns of ``R`` rows be one call: the rows are repeated ``k``
     times and copy ``j`` gets the tangent ``e_{c0+j}``. ``block`` defaults to what keeps the
-    tangent batch under :data:`BLOCK_ELEMENTS`; memory stays ``O(k·R·L)``.
+    tangent batch under :data:`BLOCK_ELEMENTS`; memory stays ``O(k·R·L)``. Forward mode when
+    ``f`` has it; otherwise (a classic ``autograd.Function``) the blocks are ``L × k`` slices of
+    :func:`_reverse_row_blocks` transposed, i.e. the same columns from reverse mode.
     """
+    for J, axis in _blocks(f, z, block):
+        yield J if axis == -1 else J.transpose(-2, -1)
+
+
+def _blocks(f: RowMap, z: Tensor, block: int | None) -> Iterator[tuple[Tensor, int]]:
+    """Column blocks (axis ``-1``) by forward mode, or row blocks (axis ``-2``) by reverse mode."""
     shape, length = z.shape[:-1], z.shape[-1]
     rows = z.detach().reshape(-1, length)
     R = len(rows)
     k = block or max(1, min(length, BLOCK_ELEMENTS // max(1, R * length)))
-    lin = linearize(f, rows.repeat(k, 1))
+    repeated = rows.repeat(k, 1)
     for c0 in range(0, length, k):
         width = min(k, length - c0)
         basis = rows.new_zeros(k, R, length)
         cols = torch.arange(width, device=rows.device)
         basis[cols, :, c0 + cols] = 1.0
-        out = lin.jvp(basis.reshape(k * R, length)).reshape(k, R, length)[:width]
-        yield out.permute(1, 2, 0).reshape(shape + (length, width))
+        try:
+            out = torch.func.jvp(f, (repeated,), (basis.reshape(k * R, length),))[1]
+        except Exception:  # noqa: BLE001 - no forward mode: rebuild from reverse mode
+            if c0:
+                raise
+            break
+        out = out.reshape(k, R, length)[:width].permute(1, 2, 0)
+        yield out.reshape(shape + (length, width)), -1
+    else:
+        return
+    for J in _reverse_row_blocks(f, rows, k):
+        yield J.reshape(shape + J.shape[-2:]), -2
 
 
 def dense_jacobian(f: RowMap, z: Tensor, *, block: int | None = None) -> Tensor:
     """Every row's full Jacobian ``[..., L, L]`` (``J[..., i, k] = ∂f_i/∂z_k``); for small L."""
-    return torch.cat(list(jacobian_blocks(f, z, block=block)), dim=-1)
+    parts = list(_blocks(f, z, block))
+    if not parts:
+        return z.new_zeros(z.shape + (z.shape[-1],))
+    return torch.cat([J for J, _ in parts], dim=parts[0][1])
 
 
 class EntrywiseNorms(NamedTuple):
@@ -307,7 +383,7 @@ def entrywise_norms(f: RowMap, z: Tensor, *, block: int | None = None) -> Entryw
     Memory is one block (see :func:`jacobian_blocks`), never the full ``L × L`` matrix.
     """
     top = squares = total = None
-    for J in jacobian_blocks(f, z, block=block):
+    for J, _ in _blocks(f, z, block):
         absJ = J.abs()
         parts = absJ.amax(dim=(-2, -1)), (J * J).sum(dim=(-2, -1)), absJ.sum(dim=(-2, -1))
         if top is None:
