@@ -64,6 +64,10 @@ class NormalizerSpec:
     description: str = ""
     #: The target string that loads this spec (set by :func:`load_target`), for repro lines.
     target: str = ""
+    #: What ``matches_reference`` compares with (evaluated in float64): a callable
+    #: ``ref(scores, dim=-1, **params)``, a :class:`NormalizerSpec` or a target string.
+    #: ``None`` with a ``kernel`` means the kernel's general form.
+    reference: Any = None
 
     def __post_init__(self) -> None:
         if self.space not in SPACES:
@@ -95,6 +99,13 @@ class NormalizerSpec:
     def with_claims(self, claims) -> NormalizerSpec:
         return dataclasses.replace(self, claims=tuple(claims))
 
+    def with_reference(self, reference: Any) -> NormalizerSpec:
+        """A copy compared with ``reference`` (see the field), claiming ``matches_reference``."""
+        claims = self.claims
+        if "matches_reference" not in claims:
+            claims = (*claims, "matches_reference")
+        return dataclasses.replace(self, reference=reference, claims=claims)
+
 
 def normalizer_spec(
     fn: Callable[..., Any],
@@ -107,24 +118,32 @@ def normalizer_spec(
     kernel: Kernel | None = None,
     length_aware: bool = False,
     description: str = "",
+    reference: Any = None,
 ) -> NormalizerSpec:
     """Public constructor for a spec object that declares its claims (INTERFACES.md).
 
     ``params`` defaults to the keyword defaults of ``fn``'s signature; ``claims`` defaults to
-    the claims implied by ``space``.
+    the claims implied by ``space``, plus ``matches_reference`` when there is a reference:
+    ``reference`` (a callable ``ref(scores, dim=-1, **params)``, a spec or a target string,
+    evaluated in float64) or, without one, the general form of ``kernel``.
     """
     if not callable(fn):
         raise TargetError(f"normalizer {id or fn!r}: fn is not callable")
+    if claims is None and space in SPACE_CLAIMS:
+        claims = SPACE_CLAIMS[space]
+        if reference is not None or kernel is not None:
+            claims = (*claims, "matches_reference")
     return NormalizerSpec(
         id=id or getattr(fn, "__name__", "normalizer"),
         fn=fn,
         params=_signature_params(fn) if params is None else dict(params),
-        claims=SPACE_CLAIMS[space] if claims is None and space in SPACE_CLAIMS else (claims or ()),
+        claims=claims or (),
         space=space,
         citation=citation,
         kernel=kernel,
         length_aware=length_aware,
         description=description or _first_doc_line(fn),
+        reference=reference,
     )
 
 
