@@ -8,6 +8,7 @@ that raises is a result with status ``error``, never a crash of the suite.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -19,9 +20,11 @@ import torch
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
 from attnverify.checks import PROPERTIES, Property, Violation, properties_for
-from attnverify.checks.base import Context, NormalizerError, describe_dtype
+from attnverify.checks.base import Context, NormalizerError, positive_temperature
+from attnverify.checks.shrink import shrink
 from attnverify.errors import UsageError
 from attnverify.registry import NormalizerSpec
+from attnverify.serialize import encode_case, jsonable, number, repro_command  # noqa: F401
 
 PROFILE_ENV = "ATTNVERIFY_PROFILE"
 
@@ -53,8 +56,8 @@ class PropertyResult:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
-        if out["worst_ratio"] is not None and not math.isfinite(out["worst_ratio"]):
-            out["worst_ratio"] = None if math.isnan(out["worst_ratio"]) else 1e308
+        if out["worst_ratio"] is not None:
+            out["worst_ratio"] = number(out["worst_ratio"])  # one encoding: "inf", not 1e308
         out["elapsed_s"] = round(self.elapsed_s, 4)
         return out
 
@@ -126,6 +129,16 @@ def _check_device(device: str) -> str:
     return device
 
 
+def fix_temperature(ctx: Context, params, option: str = "--params") -> Context:
+    """``ctx`` with the temperature that ``params`` fix, validated (positive and finite, else a
+    usage error naming ``option``): every case then uses that T wherever it would draw one, and
+    every bound the same T. Without ``temperature`` in ``params``, ``ctx`` unchanged."""
+    value = (params or {}).get("temperature")
+    if value is None:
+        return ctx
+    return dataclasses.replace(ctx, temperature=positive_temperature(value, option))
+
+
 def resolve_claims(spec: NormalizerSpec, claims: list[str] | None) -> list[str]:
     """The non-universal claims to check: ``claims`` when given, else the spec's own."""
     chosen = list(spec.claims if claims is None else claims)
@@ -165,6 +178,7 @@ class _State:
         self.examples = 0
         self.worst = 0.0
         self.last: Any = None
+        self.reproduces = True
 
 
 def _size(case: Any) -> int:
@@ -196,6 +210,7 @@ def run_property(
     if not failures:
         return _finish(prop, claimed, "holds", state, start, "", None, spec, ctx)
     case, exc = min(failures, key=lambda f: (_size(f[0]), not isinstance(f[1], Violation)))
+    case, exc, state.reproduces = _exact_and_minimal(prop, spec, ctx, case, exc)
     state.last = case
     if isinstance(exc, Violation):
         return _finish(prop, claimed, "violated", state, start, exc.message, exc, spec, ctx)
@@ -242,18 +257,49 @@ def _hypothesis_test(prop: Property, spec: NormalizerSpec, ctx: Context, state: 
     return hypothesis.seed(ctx.seed)(conf(given(prop.cases(spec, ctx))(body)))
 
 
+def _exact_and_minimal(prop: Property, spec, ctx, case, exc):
+    """``(case, exception, reproduces)``: the input the normalizer was actually given (for a
+    property that builds its input from the case, :attr:`Violation.input`), shrunk to the fewest
+    rows, fewest keys and simplest values that still fail the same way
+    (:mod:`attnverify.checks.shrink`), re-checked as the repro will re-check it."""
+    given = getattr(exc, "input", None)
+    fields = getattr(case, "_fields", ())
+    if prop.verify is not None and isinstance(given, torch.Tensor) and "scores" in fields:
+        case = case._replace(scores=given.detach().clone())
+    if not isinstance(exc, (Violation, NormalizerError)):
+        return case, exc, True
+
+    def recheck(candidate):
+        return prop.recheck(spec, candidate, ctx)
+
+    small, small_exc = shrink(recheck, case, exc, vary_temperature=ctx.temperature is None)
+    if small_exc is not exc:
+        return small, small_exc, True
+    try:  # nothing smaller failed: confirm that the repro fails on the case itself
+        recheck(case)
+    except (Violation, NormalizerError) as again:
+        return case, again if type(again) is type(exc) else exc, type(again) is type(exc)
+    except Exception:  # noqa: BLE001
+        return case, exc, False
+    return case, exc, False
+
+
 def _finish(prop, claimed, status, state, start, message, violation, spec, ctx) -> PropertyResult:
     worst = state.worst
     counterexample = None
     if status in ("violated", "error") and state.last is not None:
         counterexample = describe_case(state.last, spec)
+        case_json = dict(counterexample)
         if violation is not None:
             worst = max(worst, violation.ratio)
             counterexample.update(jsonable({
                 "observed": violation.observed, "bound": violation.bound,
                 "ratio": violation.ratio, **violation.details,
             }))
-        counterexample["repro"] = repro_line(spec, state.last, prop.id, ctx)
+        if not state.reproduces:
+            counterexample["reproduces"] = False
+        counterexample["repro"] = repro_command(spec.target or spec.id, case_json,
+                                                property=prop.id)
     return PropertyResult(
         property=prop.id,
         claimed=claimed,
@@ -267,75 +313,9 @@ def _finish(prop, claimed, status, state, start, message, violation, spec, ctx) 
 
 
 def describe_case(case: Any, spec: NormalizerSpec) -> dict[str, Any]:
-    """A JSON-able description of a case: small tensors in full, large ones by shape."""
-    out: dict[str, Any] = {}
-    for name, value in case._asdict().items():
-        if isinstance(value, torch.Tensor):
-            out[name] = _tensor_json(value)
-            if name == "scores":
-                out["dtype"] = describe_dtype(value.dtype)
-                out["shape"] = list(value.shape)
-        else:
-            out[name] = jsonable(value)
-    out["params"] = {k: jsonable(v) for k, v in spec.params.items()}
-    return out
-
-
-MAX_INLINE = 256
-
-
-def _tensor_json(t: torch.Tensor):
-    """Values as (nested) lists, 2-D at most (rows × the rest); large tensors by shape only."""
-    if t.numel() > MAX_INLINE:
-        return {"shape": list(t.shape), "dtype": describe_dtype(t.dtype), "inline": False}
-    values = t.detach().cpu().to(torch.float64)
-    return jsonable((values if t.dim() <= 1 else values.reshape(t.shape[0], -1)).tolist())
-
-
-def repro_line(spec: NormalizerSpec, case: Any, prop_id: str, ctx: Context) -> str:
-    """One line that reproduces the failing call (inline scores when small)."""
-    scores = getattr(case, "scores", None)
-    target = spec.target or spec.id
-    if isinstance(scores, torch.Tensor) and scores.numel() <= 64:
-        rows = scores.detach().cpu().to(torch.float64).tolist()
-        temp = getattr(case, "temperature", None)
-        extra = f", temperature={temp!r}" if temp is not None and spec.takes_temperature else ""
-        return (
-            "python -c \"import torch; from attnverify import load_target; "
-            f"f = load_target('{target}', {dict(spec.params)!r}); "
-            f"z = torch.tensor({_py_literal(rows)}, dtype=torch.{describe_dtype(scores.dtype)}); "
-            f"print(f(z, dim=-1{extra}))\""
-        )
-    return (f"attnverify certify {target} --claims {prop_id} --profile {ctx.profile} "
-            f"--seed {ctx.seed}  # case too large to inline")
-
-
-def _py_literal(value) -> str:
-    if isinstance(value, list):
-        return "[" + ", ".join(_py_literal(v) for v in value) + "]"
-    if isinstance(value, float) and not math.isfinite(value):
-        return "float('nan')" if math.isnan(value) else f"float('{'-' if value < 0 else ''}inf')"
-    return repr(value)
-
-
-def jsonable(value: Any) -> Any:
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return value
-    if isinstance(value, torch.dtype):
-        return describe_dtype(value)
-    if isinstance(value, torch.Tensor):
-        return _tensor_json(value)
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    return str(value)
+    """The case as JSON (:func:`attnverify.serialize.encode_case`): every field, the scores in
+    full with their masks, their dtype and shape, and the normalizer's parameters."""
+    return encode_case(case, spec.params)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -63,6 +63,9 @@ def _run_certify(args) -> int:
     report.check_writable(args.json_path)
     report.check_writable(args.markdown_path)
     params = parse_params(args.params)
+    from attnverify.certify import fix_temperature
+
+    ctx = fix_temperature(ctx, params)  # --params temperature=… fixes T for every check, or exit 2
     claims = None if args.claims is None else [c.strip() for c in args.claims.split(",")
                                                 if c.strip()]
     xfails = load_xfails(args.xfails) if args.xfails else None
@@ -154,6 +157,27 @@ def _run_claims(args) -> int:
     return run_claims_command(args)
 
 
+# --------------------------------------------------------------------------------------------
+# repro
+
+
+def _repro_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", metavar="TARGET")
+    p.add_argument("--property", default=None, metavar="ID", help="the property to re-check")
+    p.add_argument("--inequality", default=None, metavar="INEQUALITY",
+                   help="a falsify inequality to re-evaluate instead of a property")
+    p.add_argument("--case", required=True, metavar="JSON_OR_FILE",
+                   help="the case as printed in a repro line (inline JSON or a JSON file)")
+    p.add_argument("--params", default=None, help="normalizer parameters, k=v,k=v (override "
+                   "the case's)")
+
+
+def _run_repro(args) -> int:
+    from attnverify.repro import run_repro_command
+
+    return run_repro_command(args)
+
+
 def _none(p: argparse.ArgumentParser) -> None:
     return None
 
@@ -166,4 +190,6 @@ COMMANDS = {
     "falsify": ("search for the smallest input that breaks an inequality", _falsify_args,
                 _run_falsify),
     "claims": ("the audit of the papers' own claims (THEORY.md §7)", _claims_args, _run_claims),
+    "repro": ("re-check one property (or inequality) on one exact case; exit 1 while it fails",
+              _repro_args, _run_repro),
 }

@@ -69,8 +69,8 @@ def write_json(path: str, data: dict[str, Any]) -> None:
 def _ratio(value) -> str:
     if value is None:
         return "-"
-    if value >= 1e300:
-        return "inf"
+    if isinstance(value, str):  # "inf" / "nan" (attnverify.serialize.number)
+        return value
     return f"{value:.3g}"
 
 
@@ -103,17 +103,40 @@ def terminal_table(data: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+#: Longest scores text shown in a table; the JSON and the repro always hold the whole input.
+MAX_SHOWN = 400
+
+
+def counterexample_text(ce: dict[str, Any]) -> str:
+    """One line: the exact input that failed (scores with their masks, the batch, dtype,
+    temperature, parameters), as the JSON and the repro hold it."""
+    scores = ce.get("scores")
+    if isinstance(scores, list):
+        text = json.dumps(scores).replace('"-inf"', "-inf").replace('"inf"', "inf")
+        text = text.replace('"nan"', "nan")
+        shown = text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + " …"
+    else:
+        shown = "(too large to show here: in the JSON and the repro)"
+    parts = [f"{ce.get('dtype')}", f"shape {ce.get('shape')}"]
+    if ce.get("temperature") is not None:
+        parts.append(f"T={ce['temperature']}")
+    params = {k: v for k, v in (ce.get("params") or {}).items() if k != "temperature"}
+    if params:
+        parts.append(f"params {json.dumps(params)}")
+    return f"scores={shown} ({', '.join(parts)})"
+
+
 def _violation_lines(r: dict[str, Any]) -> list[str]:
     out = [f"  {r['property']}: {r['message']}"]
     ce = r.get("counterexample") or {}
     if ce:
-        scores = ce.get("scores")
-        if isinstance(scores, list):
-            out.append(f"    minimal counterexample ({ce.get('dtype')}, shape {ce.get('shape')}): "
-                       f"scores={json.dumps(scores)[:400]}")
-        extras = {k: ce[k] for k in ("temperature", "kind", "seed") if k in ce}
+        if "scores" in ce:
+            out.append(f"    minimal counterexample: {counterexample_text(ce)}")
+        extras = {k: ce[k] for k in ("a", "eps", "kind", "seed") if k in ce}
         if extras:
             out.append(f"    case: {extras}")
+        if ce.get("reproduces") is False:
+            out.append("    note: re-checking this case alone did not fail again (flaky)")
         if "repro" in ce:
             out.append(f"    repro: {ce['repro']}")
     return out
@@ -142,7 +165,8 @@ def markdown(data: dict[str, Any]) -> str:
         for r in target["results"]:
             ce = r.get("counterexample")
             if ce and "repro" in ce:
-                lines += ["", f"**{r['property']}** counterexample:", "", "```",
-                          ce["repro"], "```"]
+                lines += ["", f"**{r['property']}** counterexample: "
+                          + (counterexample_text(ce).replace("|", "\\|") if "scores" in ce
+                             else ""), "", "```", ce["repro"], "```"]
         lines.append("")
     return "\n".join(lines)

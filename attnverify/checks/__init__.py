@@ -1,11 +1,13 @@
-"""The property registry: every id of INTERFACES.md with its statement, applicability, cases and
+"""The property registry: every id of docs/INTERFACES.md with its statement, applicability, cases and
 check. ``attnverify properties`` prints :data:`PROPERTIES`; a property's id is its report key.
 """
 
 from __future__ import annotations
 
 from attnverify.checks import cases as C
+from attnverify.checks import gradient as G
 from attnverify.checks import paper as P
+from attnverify.checks import reference as R
 from attnverify.checks import universal as U
 from attnverify.checks.base import Context, Property, Violation
 from attnverify.registry import NormalizerSpec
@@ -41,7 +43,7 @@ def _needs_low_precision(spec: NormalizerSpec, ctx: Context) -> str | None:
 
 
 def _rows(id, statement, check, *, universal=False, applies=None, battery=True, scale=1.0,
-          **case_options):
+          verify=None, **case_options):
     long = case_options.pop("long", True)
     low = case_options.pop("low", False)
 
@@ -56,7 +58,7 @@ def _rows(id, statement, check, *, universal=False, applies=None, battery=True, 
 
     return Property(id=id, statement=statement, cases=cases, check=check, explicit=explicit,
                     applies=applies or (lambda spec, ctx: None), universal=universal,
-                    examples_scale=scale)
+                    examples_scale=scale, verify=verify)
 
 
 def _jac(id, statement, check, *, applies=None, scale=0.5):
@@ -80,10 +82,11 @@ _ALL = [
     _rows("permutation_equivariant", "f(z[π]) = f(z)[π] for a permutation π of the keys",
           U.check_permutation_equivariant, universal=True),
     _rows("mask_zero", "a masked key gets weight exactly 0 and the others equal the row "
-          "without it", U.check_mask_zero, universal=True,
+          "without it", U.check_mask_zero, universal=True, verify=U.verify_mask_zero,
           kinds=tuple(k for k in C.S.ALL_KINDS if k != "fully_masked"), long=False),
     _rows("batch_independent", "a row's weights do not depend on the other rows of the batch",
-          U.check_batch_independent, universal=True, long=False),
+          U.check_batch_independent, universal=True, long=False,
+          verify=U.verify_batch_independent),
     # ---- output spaces and invariances
     _rows("simplex", "weights ≥ 0 and every (not fully masked) row sums to 1", U.check_simplex),
     _rows("sub_simplex", "weights ≥ 0 and every row sums to at most 1", U.check_sub_simplex),
@@ -98,10 +101,24 @@ _ALL = [
              "grows at least like L^(1/4) from L=16 to 4096 [choice]: no 1/L decay",
              cases=C.peak_cases, check=P.check_length_aware, examples_scale=0.3),
     _rows("fully_masked_row", "an all-masked row returns all zeros and does not raise",
-          U.check_fully_masked_row, min_batch=2),
+          U.check_fully_masked_row, min_batch=2, verify=U.verify_fully_masked_row),
     _rows("dtype_agreement", "float16 / bfloat16 weights match the float64 weights of the "
           "same scores within the dtype's tolerance", U.check_low_precision, universal=True,
           applies=_needs_low_precision, kinds=_NO_HUGE, low=True),
+    # ---- what the normalizer computes, and its derivatives (checks/reference.py, gradient.py)
+    Property(id="matches_reference", statement="weights equal the reference normalizer's "
+             "(evaluated in float64 on the same scores) within the dtype's tolerance; "
+             "float16 / bfloat16 too when --dtypes asks", cases=R.reference_cases,
+             check=R.check_matches_reference, explicit=R.reference_battery,
+             applies=R.needs_reference, examples_scale=0.4),
+    Property(id="gradient", statement="reverse mode (and forward mode where it exists) matches "
+             "float64 central differences along random directions; kinks are stepped over",
+             cases=G.gradient_cases, check=G.check_gradient, explicit=G.gradient_battery,
+             applies=G.differentiable, universal=True, examples_scale=0.4),
+    Property(id="double_backward", statement="the gradient is differentiable (grad of grad) and "
+             "its derivative matches float64 central differences of the gradient",
+             cases=G.gradient_cases, check=G.check_double_backward,
+             explicit=G.gradient_battery, applies=G.differentiable, examples_scale=0.3),
     # ---- paper A
     Property(id="lemma1_weight_bounds", statement="C1/L ≤ α_i ≤ C2/L for logits in [−a, a], "
              "C2 = max F / min F (Lemma 1)", cases=C.bounded_cases, check=P.check_lemma1,

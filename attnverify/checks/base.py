@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from attnverify.errors import UsageError
 from attnverify.registry import NormalizerSpec
 from attnverify.tolerances import tol_for
 
@@ -22,20 +23,29 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 class Violation(AssertionError):
-    """A claimed property failed on a concrete input."""
+    """A claimed property failed on a concrete input.
 
-    def __init__(self, message: str, *, observed: float, bound: float, ratio: float, **details):
+    ``input`` is the scores tensor the normalizer was actually given when the check built its own
+    input from the case (a row with keys masked, a batch around the row, …); ``None`` means the
+    case's own scores. The report and the repro use it, so that the counterexample is the input
+    that failed.
+    """
+
+    def __init__(self, message: str, *, observed: float, bound: float, ratio: float,
+                 input: torch.Tensor | None = None, **details):
         super().__init__(message)
         self.message = message
         self.observed = float(observed)
         self.bound = float(bound)
         self.ratio = float(ratio)
+        self.input = input
         self.details = details
 
 
 @dataclass(frozen=True)
 class Context:
-    """Where and how a property runs: profile limits, dtypes, device, seed."""
+    """Where and how a property runs: profile limits, dtypes, device, seed, and the temperature
+    fixed by ``--params temperature=…`` (``None``: the cases draw one)."""
 
     profile: str = "ci"
     max_examples: int = 60
@@ -43,6 +53,7 @@ class Context:
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
     device: str = "cpu"
     seed: int = 0
+    temperature: float | None = None
 
     @property
     def full_dtypes(self) -> tuple[torch.dtype, ...]:
@@ -72,6 +83,13 @@ class Property:
     explicit: Callable[[NormalizerSpec, Context], list[Any]] = lambda spec, ctx: []
     universal: bool = False
     examples_scale: float = 1.0
+    #: The check on the exact input of a violation (``Violation.input`` as the case's scores);
+    #: ``None``: ``check`` itself. Set for checks that build their input from the case.
+    verify: Callable[[NormalizerSpec, Any, Context], float] | None = None
+
+    def recheck(self, spec: NormalizerSpec, case: Any, ctx: Context) -> float:
+        """Check ``case`` as a repro does: with :attr:`verify` when the property has one."""
+        return (self.verify or self.check)(spec, case, ctx)
 
 
 # --------------------------------------------------------------------------------------------
@@ -81,24 +99,26 @@ class Property:
 class NormalizerError(Exception):
     """The normalizer under test raised; ``cause`` is its exception."""
 
-    def __init__(self, cause: BaseException):
+    def __init__(self, cause: BaseException, input: torch.Tensor | None = None):
         text = str(cause).strip()
         super().__init__(f"{type(cause).__name__}: {text.splitlines()[0] if text else ''}")
         self.cause = cause
+        self.input = input if type(input) is torch.Tensor else None  # not inside transforms
 
 
 def call(spec: NormalizerSpec, scores: torch.Tensor, temperature: float | None = None, **kw):
     """Call the normalizer with its parameters, adding ``temperature`` only where it applies.
 
-    Whatever the normalizer raises comes back as :class:`NormalizerError`, so that a fault of the
-    normalizer is told apart from a fault of the suite.
+    Whatever the normalizer raises comes back as :class:`NormalizerError` (carrying the scores it
+    was given as ``input``), so that a fault of the normalizer is told apart from a fault of the
+    suite.
     """
     if temperature is not None and spec.takes_temperature:
         kw["temperature"] = temperature
     try:
         return spec(scores, dim=-1, **kw)
     except Exception as exc:  # noqa: BLE001
-        raise NormalizerError(exc) from exc
+        raise NormalizerError(exc, input=scores) from exc
 
 
 def as_float64(t: torch.Tensor) -> torch.Tensor:
@@ -150,3 +170,16 @@ def mismatch_message(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, 
 
 def describe_dtype(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def positive_temperature(value: Any, option: str = "--params") -> float:
+    """``value`` as a temperature: a positive, finite number, else a usage error naming
+    ``option``."""
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        t = math.nan
+    if isinstance(value, bool) or not (math.isfinite(t) and t > 0):
+        raise UsageError(f"{option} temperature={value!r}: the temperature must be a positive, "
+                         "finite number")
+    return t

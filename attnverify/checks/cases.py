@@ -65,10 +65,25 @@ class PeakCase(NamedTuple):
     seed: int
 
 
-def _temperature(spec: NormalizerSpec, *, low: float = 1e-3):
+#: Every case type, by name (how a repro names the case it rebuilds).
+CASE_TYPES: dict[str, type] = {}
+
+
+def _temperature(spec: NormalizerSpec, ctx: Context | None = None, *, low: float = 1e-3):
+    """The cases' temperature: ``None`` without one; the fixed ``ctx.temperature`` (``--params
+    temperature=…``) when set; else drawn from [``low``, 10]."""
     if not spec.takes_temperature:
         return st.none()
+    if ctx is not None and ctx.temperature is not None:
+        return st.just(ctx.temperature)
     return S.temperatures(min_value=low, max_value=10.0)
+
+
+def battery_temperature(spec: NormalizerSpec, ctx: Context, default: float = 1.0):
+    """The temperature of an explicit case: ``None`` without one, the fixed one, or ``default``."""
+    if not spec.takes_temperature:
+        return None
+    return default if ctx.temperature is None else ctx.temperature
 
 
 # --------------------------------------------------------------------------------------------
@@ -100,7 +115,7 @@ def row_cases(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None, m
             allow_mask=allow_mask,
             device=ctx.device,
         ),
-        _temperature(spec),
+        _temperature(spec, ctx),
     )
 
 
@@ -119,8 +134,8 @@ def row_battery(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None,
             length = 1 if kind == "single" else 9
             rows = S.build_rows(kind, length=length, batch=max(3, min_batch), dtype=dtype,
                                 seed=7, device=ctx.device)
-            out.append(RowCase(rows.scores, 1.0 if spec.takes_temperature else None, kind, 7))
-    if spec.takes_temperature:
+            out.append(RowCase(rows.scores, battery_temperature(spec, ctx), kind, 7))
+    if spec.takes_temperature and ctx.temperature is None:
         rows = S.build_rows("gaussian", length=12, batch=2, dtype=dtypes[0], scale=3.0, seed=11,
                             device=ctx.device)
         out.append(RowCase(rows.scores, 1e-3, "gaussian", 11))
@@ -128,7 +143,7 @@ def row_battery(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None,
         length = min(ctx.max_length, 4096)
         rows = S.build_rows("gaussian", length=length, batch=max(2, min_batch), dtype=dtypes[0],
                             seed=13, device=ctx.device)
-        out.append(RowCase(rows.scores, 1.0 if spec.takes_temperature else None, "gaussian", 13))
+        out.append(RowCase(rows.scores, battery_temperature(spec, ctx), "gaussian", 13))
     return out
 
 
@@ -140,7 +155,7 @@ def bounded_cases(spec, ctx: Context):
     return st.builds(
         lambda rows, t: BoundedCase(rows.scores, t, rows.a, rows.kind, rows.seed),
         S.bounded_rows(max_length=min(ctx.max_length, 4096), dtypes=(F64,), device=ctx.device),
-        _temperature(spec, low=0.05),
+        _temperature(spec, ctx, low=0.05),
     )
 
 
@@ -148,13 +163,16 @@ def query_key_cases(spec, ctx: Context):
     return st.builds(
         lambda qk, t: QueryKeyCase(qk.logits, t, qk.delta, qk.kind, qk.seed),
         S.query_key_sets(max_length=min(ctx.max_length, 4096), dtypes=(F64,), device=ctx.device),
-        _temperature(spec, low=0.05),
+        _temperature(spec, ctx, low=0.05),
     )
 
 
 def peak_cases(spec, ctx: Context):
-    """Margins a ∈ [0.5, 4] at the normalizer's own parameters (temperature not varied)."""
-    return st.builds(PeakCase, st.floats(0.5, 4.0), st.none(), st.integers(0, 2**16))
+    """Margins a ∈ [0.5, 4] at the normalizer's own parameters (temperature not varied, unless
+    fixed)."""
+    t = st.just(ctx.temperature) if ctx.temperature is not None and spec.takes_temperature \
+        else st.none()
+    return st.builds(PeakCase, st.floats(0.5, 4.0), t, st.integers(0, 2**16))
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,7 +196,7 @@ def embedding_cases(draw, spec, ctx: Context, *, sphere=False, max_length=EMBEDD
                              allow_mask=False, device=ctx.device,
                              kinds=("gaussian", "uniform_bounded", "exact_ties", "two_way_tie",
                                     "near_ties", "one_hot_like")))
-    t = draw(_temperature(spec, low=0.05))
+    t = draw(_temperature(spec, ctx, low=0.05))
     return EmbeddingCase(rows.scores, x, emb.n_top, t, radius, delta, f"{kind}/{rows.kind}",
                          rows.seed)
 
@@ -198,14 +216,14 @@ def jacobian_cases(spec, ctx: Context, *, max_length=JACOBIAN_MAX_LENGTH):
         lambda rows, t, eps: JacobianCase(rows.scores, t, eps, rows.kind, rows.seed),
         S.logit_rows(min_length=1, max_length=min(ctx.max_length, max_length), batch=1,
                      dtypes=(F64,), kinds=JACOBIAN_KINDS, allow_mask=False, device=ctx.device),
-        _temperature(spec, low=0.01),
+        _temperature(spec, ctx, low=0.01),
         st.sampled_from(FD_EPSILONS),
     )
 
 
 def jacobian_battery(spec, ctx: Context) -> list[JacobianCase]:
     """The two-way tie (Corollary 3's witness), the uniform row and a Gaussian row."""
-    t = 1.0 if spec.takes_temperature else None
+    t = battery_temperature(spec, ctx)
     out = []
     for kind, length in (("two_way_tie", 2), ("two_way_tie", 6), ("exact_ties", 5),
                          ("gaussian", 16)):
@@ -213,3 +231,7 @@ def jacobian_battery(spec, ctx: Context) -> list[JacobianCase]:
         for eps in (FD_EPSILONS[0], FD_EPSILONS[-1]):
             out.append(JacobianCase(rows.scores, t, eps, kind, 3))
     return out
+
+
+CASE_TYPES.update({cls.__name__: cls for cls in (RowCase, BoundedCase, QueryKeyCase,
+                                                  EmbeddingCase, JacobianCase, PeakCase)})

@@ -1,4 +1,4 @@
-"""Checks of the papers' claims (THEORY.md §2–6), each comparing an observed quantity with a bound
+"""Checks of the papers' claims (docs/THEORY.md §2–6), each comparing an observed quantity with a bound
 from :mod:`attnverify.bounds`. All run in float64: they test mathematics, not rounding; the
 slack is the float64 row of the tolerance table.
 """
@@ -185,7 +185,9 @@ def check_spectral_half(spec, case, ctx) -> float:
 def check_fd_gradient(spec, case, ctx) -> float:
     z = case.scores.to(F64)
     v = jacobian.unit_directions(z.shape, seed=case.seed)
-    f = lambda t: call(spec, t)  # noqa: E731 - temperature is applied by the estimator
+    # the estimator divides by T itself: the map runs at temperature 1 (``call`` passes it only to
+    # a normalizer that takes one), so a temperature fixed by --params is not applied twice
+    f = lambda t: call(spec, t, 1.0)  # noqa: E731
     delta = jacobian.fd_estimate(f, z, v, eps=case.eps, temperature=_t(case))
     return _upper(delta, bounds.fd_estimator_bound(_t(case), case.eps),
                   f"finite-difference δ ≤ min{{1/(2T), √2/ε}} (ε={case.eps:g})")

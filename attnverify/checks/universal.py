@@ -1,4 +1,4 @@
-"""Checks every normalizer must pass (INTERFACES.md, "Universal"), and the claimable ones about
+"""Checks every normalizer must pass (docs/INTERFACES.md, "Universal"), and the claimable ones about
 the output space and invariances. Each takes ``(spec, case, ctx)`` where ``case.scores`` is a
 ``[batch, L]`` tensor (``-inf`` = masked) and ``case.temperature`` a float or ``None``.
 """
@@ -101,11 +101,9 @@ def check_permutation_equivariant(spec, case, ctx) -> float:
 
 
 def check_mask_zero(spec, case, ctx) -> float:
-    """Masking key k gives it weight exactly 0 and leaves the row without k unchanged."""
+    """Mask some live keys of the case (at least one stays live per row), then
+    :func:`verify_mask_zero` on that input."""
     scores = case.scores
-    length = scores.shape[-1]
-    if length < 2:
-        return 0.0
     g = torch.Generator().manual_seed(int(case.seed) + 2)
     live = scores != NEG_INF
     pick = torch.rand(scores.shape, generator=g).to(scores.device) < 0.3
@@ -113,16 +111,26 @@ def check_mask_zero(spec, case, ctx) -> float:
     # keep at least one live key per row
     first_live = live.float().argmax(dim=-1, keepdim=True)
     pick.scatter_(-1, first_live, False)
-    masked = scores.masked_fill(pick, NEG_INF)
-    out = _out(spec, case, masked)
-    leaked = out[pick]
+    return verify_mask_zero(spec, case._replace(scores=scores.masked_fill(pick, NEG_INF)), ctx)
+
+
+def verify_mask_zero(spec, case, ctx) -> float:
+    """Every masked key of a row with a live key gets weight exactly 0, and the live keys get the
+    weights of the row without the masked keys."""
+    scores = case.scores
+    masked = (scores == NEG_INF) & _live_rows(scores).unsqueeze(-1)
+    out = _out(spec, case)
+    leaked = out[masked]
     if leaked.numel() and bool((leaked != 0).any()):
-        worst = float(leaked.abs().max())
-        raise Violation(f"a masked key got weight {worst:.3g}, not exactly 0",
-                        observed=worst, bound=0, ratio=math.inf)
+        worst = float(leaked.abs().nan_to_num(math.inf).max())
+        shown = float(leaked[leaked != 0][0])
+        raise Violation(f"a masked key got weight {shown:.3g}, not exactly 0",
+                        observed=worst, bound=0, ratio=math.inf, input=scores)
     excess = 0.0
     for r in range(scores.shape[0]):
-        keep = ~pick[r]
+        keep = ~masked[r]
+        if bool(keep.all()) or not bool(keep.any()):
+            continue
         want = _out(spec, case, scores[r : r + 1, keep])
         ok, ex = close_mask(out[r : r + 1, keep], want, scores.dtype)
         excess = max(excess, ex)
@@ -130,32 +138,43 @@ def check_mask_zero(spec, case, ctx) -> float:
             raise Violation(
                 f"row {r}: weights with keys masked differ from the row without those keys: "
                 f"{mismatch_message(out[r:r + 1, keep], want, scores.dtype)}",
-                observed=ex, bound=1, ratio=ex, row=r, masked=pick[r].nonzero().flatten().tolist(),
+                observed=ex, bound=1, ratio=ex, row=r,
+                masked=masked[r].nonzero().flatten().tolist(), input=scores,
             )
     return excess
 
 
 def check_batch_independent(spec, case, ctx) -> float:
-    """Each row alone, and inside a batch of very different rows, gives the same weights."""
+    """Each row alone, and as the first row of a batch of very different rows (scale 1e3), gives
+    the weights it has in its own batch: :func:`verify_batch_independent` on the case's batch,
+    then on each of those mixed batches."""
     scores = case.scores
-    out = _out(spec, case)
+    excess = verify_batch_independent(spec, case, ctx)
     g = torch.Generator().manual_seed(int(case.seed) + 3)
     other = torch.randn(scores.shape, generator=g, dtype=torch.float64) * 1e3
-    excess = 0.0
     for r in range(scores.shape[0]):
-        alone = _out(spec, case, scores[r : r + 1])
         mixed = other.to(scores.dtype).to(scores.device)
         mixed[0] = scores[r]
-        among = _out(spec, case, mixed)[:1]
-        for label, got in (("alone", alone), ("next to rows of scale 1e3", among)):
-            ok, ex = close_mask(got, out[r : r + 1], scores.dtype)
-            excess = max(excess, ex)
-            if not ok:
-                raise Violation(
-                    f"row {r} computed {label} differs from the same row in its batch: "
-                    f"{mismatch_message(got, out[r:r + 1], scores.dtype)}",
-                    observed=ex, bound=1, ratio=ex, row=r,
-                )
+        ex = verify_batch_independent(spec, case._replace(scores=mixed), ctx, rows=(0,))
+        excess = max(excess, ex)
+    return excess
+
+
+def verify_batch_independent(spec, case, ctx, rows=None) -> float:
+    """Each row (of ``rows``, default all) computed alone equals the same row in the batch."""
+    scores = case.scores
+    out = _out(spec, case)
+    excess = 0.0
+    for r in range(scores.shape[0]) if rows is None else rows:
+        alone = _out(spec, case, scores[r : r + 1])
+        ok, ex = close_mask(alone, out[r : r + 1], scores.dtype)
+        excess = max(excess, ex)
+        if not ok:
+            raise Violation(
+                f"row {r} computed alone differs from the same row in its batch of "
+                f"{scores.shape[0]}: {mismatch_message(alone, out[r:r + 1], scores.dtype)}",
+                observed=ex, bound=1, ratio=ex, row=r, input=scores,
+            )
     return excess
 
 
@@ -271,21 +290,29 @@ def check_order_preserving(spec, case, ctx) -> float:
 
 
 def check_fully_masked_row(spec, case, ctx) -> float:
-    """A fully masked row returns all zeros and does not raise; the other rows are unchanged."""
+    """Mask every key of the first row, then :func:`verify_fully_masked_row` on that batch."""
     scores = case.scores.clone()
     scores[0] = NEG_INF
-    out = _out(spec, case, scores)
-    row = out[0]
-    if not bool((row == 0).all()):
-        bad = row[row != 0]
+    return verify_fully_masked_row(spec, case._replace(scores=scores), ctx)
+
+
+def verify_fully_masked_row(spec, case, ctx) -> float:
+    """Every fully masked row returns all zeros and does not raise; the other rows equal the
+    batch without the fully masked rows."""
+    scores = case.scores
+    live = _live_rows(scores)
+    out = _out(spec, case)
+    dead = out[~live]
+    if not bool((dead == 0).all()):
+        bad = dead[dead != 0]
         raise Violation(f"fully masked row gave {float(bad[0])} (all zeros expected)",
                         observed=float(bad.abs().nan_to_num(math.inf).max()), bound=0,
-                        ratio=math.inf)
-    if scores.shape[0] > 1:
-        want = _out(spec, case, scores[1:])
-        ok, excess = close_mask(out[1:], want, scores.dtype)
+                        ratio=math.inf, input=scores)
+    if bool(live.any()) and not bool(live.all()):
+        want = _out(spec, case, scores[live])
+        ok, excess = close_mask(out[live], want, scores.dtype)
         if not ok:
             raise Violation("a fully masked row changed the other rows of the batch: "
-                            + mismatch_message(out[1:], want, scores.dtype),
-                            observed=excess, bound=1, ratio=excess)
+                            + mismatch_message(out[live], want, scores.dtype),
+                            observed=excess, bound=1, ratio=excess, input=scores)
     return 0.0

@@ -1,0 +1,171 @@
+"""Shrink a failing case to a minimal one that still fails the same way.
+
+Hypothesis shrinks what it generates, but a failure of the fixed battery (a 3 × 9 batch), or the
+input a check built from a shrunk row (a row with keys masked, a batch around it), is not minimal.
+:func:`shrink` takes such a case and the exception it raised and greedily tries, re-checking the
+property each time and keeping a candidate only if it fails in the same way (a violation stays a
+violation, a raise stays a raise):
+
+1. fewest rows: drop rows (with any per-row field such as ``delta``);
+2. fewest keys: drop blocks of keys, halving the block size down to single keys (masked keys are
+   dropped only when the failure survives, so a mask the failure needs is kept);
+3. simplest values: each finite score to 0, else truncated to an integer, else to one significant
+   digit (always towards 0, so a bound such as ``|l| ≤ a`` still holds); ``-inf``, ``inf`` and
+   NaN stay;
+4. temperature 1 when the case drew one (not when ``--params`` fixed it).
+
+The passes repeat while one makes progress, within :data:`MAX_CHECKS` re-checks and
+:data:`BUDGET_S` seconds. Cases with tensors tied to the keys other than the scores (embeddings)
+are returned unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from attnverify.checks.base import NormalizerError, Violation
+
+MAX_CHECKS = 400
+BUDGET_S = 3.0
+#: Case fields indexed by row (dropped with their row).
+ROW_FIELDS = ("delta",)
+#: Case fields that tie tensors to the keys: such cases are not shrunk.
+KEY_FIELDS = ("x",)
+
+
+def _kind(exc: BaseException) -> str | None:
+    if isinstance(exc, Violation):
+        return "violation"
+    if isinstance(exc, NormalizerError):
+        return "raised"
+    return None
+
+
+def shrinkable(case: Any) -> bool:
+    scores = getattr(case, "scores", None)
+    fields = getattr(case, "_fields", ())
+    return (isinstance(scores, torch.Tensor) and scores.dim() == 2
+            and not any(f in fields for f in KEY_FIELDS))
+
+
+def shrink(recheck: Callable[[Any], Any], case: Any, exc: BaseException, *,
+           vary_temperature: bool = True) -> tuple[Any, BaseException]:
+    """The smallest case found that fails ``recheck`` like ``exc``, and its exception."""
+    kind = _kind(exc)
+    if kind is None or not shrinkable(case):
+        return case, exc
+    search = _Search(recheck, kind, case, exc)
+    while search.progress():
+        pass
+    if vary_temperature:
+        t = getattr(case, "temperature", None)
+        if isinstance(t, float) and t != 1.0:
+            search.attempt(search.case._replace(temperature=1.0))
+    return search.case, search.exc
+
+
+class _Search:
+    def __init__(self, recheck, kind, case, exc) -> None:
+        self.recheck, self.kind = recheck, kind
+        self.case, self.exc = case, exc
+        self.checks, self.deadline = 0, time.perf_counter() + BUDGET_S
+
+    def exhausted(self) -> bool:
+        return self.checks >= MAX_CHECKS or time.perf_counter() > self.deadline
+
+    def attempt(self, candidate) -> bool:
+        """Keep ``candidate`` if it fails the same way."""
+        if self.exhausted():
+            return False
+        self.checks += 1
+        try:
+            self.recheck(candidate)
+        except Exception as exc:  # noqa: BLE001 - classified
+            if _kind(exc) == self.kind:
+                self.case, self.exc = candidate, exc
+                return True
+        return False
+
+    def progress(self) -> bool:
+        before = self.checks
+        changed = self.drop_rows() | self.drop_keys() | self.simplify()
+        return changed and self.checks > before and not self.exhausted()
+
+    def drop_rows(self) -> bool:
+        changed, r = False, 0
+        while self.case.scores.shape[0] > 1 and r < self.case.scores.shape[0]:
+            keep = [i for i in range(self.case.scores.shape[0]) if i != r]
+            if self.attempt(_take_rows(self.case, keep)):
+                changed = True
+            else:
+                r += 1
+        return changed
+
+    def drop_keys(self) -> bool:
+        changed = False
+        size = self.case.scores.shape[-1] // 2
+        while size >= 1 and not self.exhausted():
+            start = 0
+            while start < self.case.scores.shape[-1] and self.case.scores.shape[-1] > 1:
+                length = self.case.scores.shape[-1]
+                keep = [i for i in range(length) if not start <= i < start + size]
+                if keep and self.attempt(_take_keys(self.case, keep)):
+                    changed = True
+                else:
+                    start += size
+            size //= 2
+        return changed
+
+    def simplify(self) -> bool:
+        changed = False
+        for index in range(self.case.scores.numel()):
+            value = float(self.case.scores.flatten()[index])
+            if not math.isfinite(value):
+                continue
+            for simpler in _simpler(value):
+                if self.attempt(_set_value(self.case, index, simpler)):
+                    changed = True
+                    break
+        return changed
+
+
+def _simpler(value: float) -> list[float]:
+    """Candidates simpler than ``value``, simplest first, each no larger in magnitude."""
+    out = []
+    for v in (0.0, float(math.trunc(value)), _one_digit(value)):
+        if v != value and abs(v) <= abs(value) and v not in out:
+            out.append(v)
+    return out
+
+
+def _one_digit(value: float) -> float:
+    if value == 0:
+        return 0.0
+    scale = 10.0 ** math.floor(math.log10(abs(value)))
+    return math.trunc(value / scale) * scale
+
+
+def _take_rows(case, rows: list[int]):
+    index = torch.tensor(rows, device=case.scores.device)
+    out = {"scores": case.scores.index_select(0, index)}
+    for name in ROW_FIELDS:
+        value = getattr(case, name, None)
+        if isinstance(value, torch.Tensor) and value.dim() >= 1:
+            out[name] = value.index_select(0, index.to(value.device))
+    return case._replace(**out)
+
+
+def _take_keys(case, keys: list[int]):
+    index = torch.tensor(keys, device=case.scores.device)
+    return case._replace(scores=case.scores.index_select(-1, index))
+
+
+def _set_value(case, index: int, value: float):
+    scores = case.scores.clone()
+    scores.view(-1)[index] = value
+    return case._replace(scores=scores)

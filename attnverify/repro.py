@@ -1,0 +1,101 @@
+"""``attnverify repro``: re-check one property (or one falsify inequality) on one exact case.
+
+The repro lines that certify, falsify, claims and the pytest suite print are this command
+(:func:`attnverify.serialize.repro_command`)::
+
+    attnverify repro TARGET --property ID --case '{"case": "RowCase", "scores": [[0.0, "-inf"]], …}'
+    attnverify repro TARGET --inequality "LHS <= RHS" --case '{"scores": [...], "temperature": 1.0}'
+
+``--case`` is the JSON object (or the path of a file holding it) written by
+:func:`attnverify.serialize.encode_case`: the scores with their masks (``"-inf"``), the batch,
+the temperature, the dtype, and the normalizer's parameters (``--params`` overrides them). The
+property is re-checked exactly as certify checked the reported input. Exit 1 with the violation
+message while the normalizer fails there (or raises), 0 once it holds, 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from attnverify.errors import UsageError
+from attnverify.serialize import NON_FINITE, decode_case, decode_tensor, read_case
+
+
+def _params(data: dict[str, Any], text: str | None) -> dict[str, Any]:
+    from attnverify.registry import parse_params
+
+    raw = data.get("params") or {}
+    if not isinstance(raw, dict):
+        raise UsageError("--case: \"params\" must be a JSON object")
+    params = {k: NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in raw.items()}
+    params.update(parse_params(text))
+    return params
+
+
+def run_repro_command(args) -> int:
+    from attnverify.checks.base import positive_temperature
+    from attnverify.registry import load_target
+
+    if (args.property is None) == (args.inequality is None):
+        raise UsageError("repro needs exactly one of --property ID or --inequality \"LHS <= RHS\"")
+    data = read_case(args.case)
+    params = _params(data, args.params)
+    if "temperature" in params:
+        positive_temperature(params["temperature"])
+    spec = load_target(args.target, params)
+    if args.property is not None:
+        return _property(args.target, spec, args.property, data)
+    return _inequality(args.target, spec, args.inequality, data, params)
+
+
+def _property(target: str, spec, prop_id: str, data: dict[str, Any]) -> int:
+    from attnverify.certify import make_context
+    from attnverify.checks import PROPERTIES
+    from attnverify.checks.base import NormalizerError, Violation
+    from attnverify.checks.cases import CASE_TYPES
+
+    if prop_id not in PROPERTIES:
+        raise UsageError(f"unknown property id {prop_id!r}: run 'attnverify properties' for "
+                         "the list")
+    case = decode_case(data, CASE_TYPES)
+    ctx = make_context("dev")
+    label = f"{target}::{prop_id}"
+    try:
+        ratio = PROPERTIES[prop_id].recheck(spec, case, ctx)
+    except Violation as exc:
+        print(f"VIOLATED: {label}: {exc.message}")
+        return 1
+    except NormalizerError as exc:
+        print(f"ERROR: {label}: the normalizer raised {exc}")
+        return 1
+    print(f"holds: {label} on this case (ratio {float(ratio):.4g})")
+    return 0
+
+
+def _inequality(target: str, spec, text: str, data: dict[str, Any], params) -> int:
+    import torch
+
+    from attnverify.expr import parse_inequality
+    from attnverify.falsify import FalsifyCase, evaluate
+    from attnverify.quantities import QUANTITIES
+
+    ineq = parse_inequality(text, QUANTITIES)
+    if "scores" not in data:
+        raise UsageError("--case: no \"scores\"")
+    scores = decode_tensor(data["scores"], torch.float64).reshape(-1)
+    t = data.get("temperature")
+    t = None if t is None else float(NON_FINITE.get(t, t)) if isinstance(t, str) else float(t)
+    case = FalsifyCase(scores, t, str(data.get("kind", "")), int(data.get("seed", 0)))
+    ev = evaluate(spec, ineq, case, params)
+    values = ", ".join(f"{k}={v:.6g}" for k, v in ev.values.items())
+    where = f"{target}: {ineq.normalized} at {values}: LHS={ev.lhs:.6g} RHS={ev.rhs:.6g}"
+    if ev.fails:
+        print(f"FALSIFIED: {where}")
+        return 1
+    if ev.undefined:
+        print(f"undefined: {where} (the expression has no value here)")
+        return 0
+    ratio = "" if not math.isfinite(ev.ratio) else f" (ratio {ev.ratio:.4g})"
+    print(f"holds: {where}{ratio}")
+    return 0
