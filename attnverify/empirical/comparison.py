@@ -4,7 +4,7 @@ Rows are built from the results only (never re-derived from the model). Each row
 criterion, so "agrees" can be checked by a reader. Numbers are those of the model's own softmax
 attention; they are the checked model's numbers, never GPT-2's unless the model is GPT-2.
 
-Every row scores the quantity and the shape the paper states (THEORY.md §8): Fig. 2a on the
+Every row scores the quantity and the shape the paper states (docs/THEORY.md §8): Fig. 2a on the
 distance d̃, Fig. 2b as "first increases, then saturates", Fig. 3 on the best head and on the
 empirical maximum, Theorem 2's upper bound on E[N_s]/N for N ≥ 2. Checks the papers do not state
 (the per-row upper bound, N = 1) are *diagnostics*: ``"diagnostic": true``, ``agrees`` null (so
@@ -114,7 +114,8 @@ def dtilde_linear_in_length(result: dict) -> dict:
         "Fig. 2a / Corollary 2(i): for fixed N ≪ L the distance d̃ grows linearly in L",
         "d̃ ∝ L (log-log slope 1)",
         f"log-log slope of the median d̃ over L = {lengths[0]}…{lengths[-1]}: {_fmt(slope)} "
-        f"(d̃ from {_fmt(meds[0])} to {_fmt(meds[-1])}){_window_spread(own, 'dtilde_window_slope')}",
+        f"(d̃ from {_fmt(meds[0])} to {_fmt(meds[-1])})"
+        f"{_window_spread(_window_slopes(lengths, own.get('dtilde_window_median')))}",
         0.8 <= slope <= 1.2 if math.isfinite(slope) else None, "slope in [0.8, 1.2]",
     )
 
@@ -133,9 +134,17 @@ def e_linear_in_length(result: dict) -> dict:
     )
 
 
-def _window_spread(own: dict, key: str) -> str:
-    """`` ± SE over windows`` of a per-window statistic, when the run has several windows."""
-    values = [v for v in own.get(key) or [] if v is not None and math.isfinite(v)]
+def _window_slopes(xs, per_x_windows) -> list[float]:
+    """The log-log slope computed on each window alone (``per_x_windows`` is ``[x][window]``)."""
+    if not per_x_windows or not isinstance(per_x_windows[0], list):
+        return []
+    return [_loglog_slope(xs, [w[i] for w in per_x_windows])
+            for i in range(len(per_x_windows[0]))]
+
+
+def _window_spread(values) -> str:
+    """``; per window mean ± SE`` of a per-window statistic, when the run has several windows."""
+    values = [v for v in values or [] if v is not None and math.isfinite(v)]
     if len(values) < 2:
         return ""
     mean = sum(values) / len(values)
@@ -215,7 +224,7 @@ def thm11_holds_topn(result: dict) -> dict:
 
 
 def six_percent_rule(result: dict) -> list[dict]:
-    """One row per KS level and per reading of the verdict's direction (THEORY.md §8)."""
+    """One row per KS level and per reading of the verdict's direction (docs/THEORY.md §8)."""
     own = _own(result)
     rows = []
     for alpha in result["alphas"]:
@@ -291,7 +300,7 @@ def plateau_level(result: dict) -> dict:
         "plateau 0.70–0.85",
         f"median over heads of N_s/N, averaged over N ≥ 16: {_fmt(level)}; at N=1: "
         f"{_fmt(own['ratio_quantiles'][0]['median'])}"
-        f"{_window_spread(own, 'plateau_window_median')}",
+        f"{_window_spread(own.get('plateau_window_median'))}",
         0.70 <= level <= 0.85 if math.isfinite(level) else None, "plateau in [0.70, 0.85]",
     )
 
@@ -305,7 +314,7 @@ def best_head(result: dict) -> dict:
         "Fig. 3: a single head separates at most ≈ 80% of its selected tokens",
         "best head's plateau ≈ 0.8 (at most 0.85)",
         f"best head's N_s/N plateau (mean over N ≥ 16): {_fmt(best)} ({where})"
-        f"{_window_spread(own, 'plateau_window_max')}",
+        f"{_window_spread(own.get('plateau_window_max'))}",
         0.70 <= best <= 0.85 if math.isfinite(best) else None,
         "the largest per-head plateau in [0.70, 0.85]",
     )
@@ -375,7 +384,7 @@ def thm2_upper(result: dict) -> list[dict]:
         bad == 0 if stated else None, "no head's mean N_s/N above its mean bound for N ≥ 2",
     ), _diagnostic(
         "Theorem 2 upper bound per row (an instance, not E[N_s]/N), N ≥ 2",
-        "not stated per instance (THEORY.md §4: false per instance)",
+        "not stated per instance (docs/THEORY.md §4: false per instance)",
         f"worst fraction of violating rows over N ≥ 2: {_fmt(worst)} (N={where})",
         worst == 0 if math.isfinite(worst) else False, "no violating row",
     )]
@@ -435,6 +444,137 @@ def high_t_drop(result: dict) -> dict:
     )
 
 
+# ---- measurements paper A reports beyond its algorithms --------------------------------------
+
+
+def lemma1_bound(result: dict) -> dict:
+    bad, rows = sum(result["violations"]), sum(result["rows"])
+    return _row(
+        "Lemma 1 / Corollary 1 on the model's rows: e^{−ρ}/L ≤ α_i ≤ e^{ρ}/L (ρ = the row's "
+        "logit range)",
+        "holds (any L-independent normalizer, bounded logits)",
+        f"{bad} violations in {rows} rows over L = {result['lengths'][0]}…"
+        f"{result['lengths'][-1]}; median ρ over heads {_fmt(result['range_quantiles'][0]['median'])}"
+        f" → {_fmt(result['range_quantiles'][-1]['median'])}",
+        bad == 0, "no row outside either bound",
+    )
+
+
+def lemma1_vanishing(result: dict) -> dict:
+    q = result["max_weight_slope_quantiles"]
+    heads = len(result["heads"])
+    meds = [_med(v) for v in result["max_weight"]]
+    slope = _loglog_slope(result["lengths"], meds)
+    per_window = _window_slopes(result["lengths"], result.get("max_weight_window_median"))
+    return _row(
+        "Lemma 1 on the model: attention vanishes as L grows (max weight ∝ 1/L)",
+        "max weight ~ 1/L (log-log slope −1)",
+        f"median over heads of the per-head slope of log(mean max weight) vs log L: "
+        f"{_fmt(q['median'])} (IQR {_fmt(q['q25'])}…{_fmt(q['q75'])}); {result['vanishing_heads']}"
+        f" of {heads} heads at or below −0.5; slope of the median max weight "
+        f"{_fmt(slope)} ({_fmt(meds[0])} → {_fmt(meds[-1])}){_window_spread(per_window)}",
+        q["median"] <= -0.5 if math.isfinite(q["median"]) else None,
+        "median per-head slope ≤ −0.5 (closer to 1/L decay than to no decay)",
+    )
+
+
+def selectivity_lost(result: dict) -> dict:
+    ts, ns = result["T"], result["N"]
+    k = len(ns) - 1
+    low = min(range(len(ts)), key=lambda i: abs(math.log(ts[i] / 0.1)))
+    high = len(ts) - 1
+    med = [q[k]["median"] for q in result["ratio_quantiles"]]
+    dmed = [_med(v) for v in result["dtilde"]]
+    win = result.get("ratio_window_median")
+    se = _pair_se(win, low, high, k)
+    drop = med[low] - med[high]
+    ok = drop > (2 * se if math.isfinite(se) else 0)
+    curve = ", ".join(f"{_fmt(m)} (T={t:g})" for t, m in zip(ts, med))
+    return _row(
+        "Fig. 4 text: at T ≥ 1 selectivity is lost (measured as N_s/N and d̃ against T)",
+        "N_s/N lower at high T than at T = 0.1",
+        f"median N_s/N at N = {ns[k]}: {curve}; median d̃ (N = {result['topn']}): "
+        f"{_fmt(dmed[low])} (T={ts[low]:g}) → {_fmt(dmed[high])} (T={ts[high]:g}); drop "
+        f"{_fmt(drop)} ± {_fmt(se)} (SE across windows)",
+        ok, f"N_s/N at T = {ts[high]:g} below T = {ts[low]:g} by more than 2 SE",
+    )
+
+
+def _pair_se(win, i: int, j: int, k: int) -> float:
+    """SE across windows of the difference of two per-window statistics."""
+    if not win:
+        return float("nan")
+    diffs = [a - b for a, b in zip(win[i][k], win[j][k])]
+    if len(diffs) < 2:
+        return float("nan")
+    mean = sum(diffs) / len(diffs)
+    return math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs))
+
+
+def coverage_measured(result: dict) -> list[dict]:
+    meas, indep, formula = result["measured"], result["independent"], result["formula"]
+    best = result["best_head"]
+    gap = _med([abs(a - b) for a, b in zip(meas, indep)])
+    h, n = result["heads_per_layer"], result["N"]
+    spread = _window_spread(result.get("measured_window_median"))
+    return [
+        _row(
+            "Multi-head coverage measured: a layer's heads together cover 1 − (1−p)^H of the "
+            "selected tokens",
+            "p = 0.8, H = 3 → 99.2% (independent heads)",
+            f"median over layers (N = {n}, H = {h}): measured |∪S_h|/|∪I_h| = {_fmt(_med(meas))}"
+            f"; independence prediction {_fmt(_med(indep))}; 1 − (1−p̄)^H = "
+            f"{_fmt(_med(formula))}; median |measured − independence| {_fmt(gap)}{spread}",
+            gap <= 0.05 if math.isfinite(gap) else None,
+            "median over layers of |measured − independence prediction| ≤ 0.05",
+        ),
+        _row(
+            "Several heads are needed: a layer's heads together separate more than its best "
+            "single head",
+            "coverage of the union above any single head",
+            f"median over layers: union {_fmt(_med(meas))} against the best head's N_s/N "
+            f"{_fmt(_med(best))}; the union of selected sets holds "
+            f"{_fmt(_med(result['union_over_n']))}×N tokens",
+            _med(meas) > _med(best) if math.isfinite(_med(meas)) else None,
+            "median union coverage above the median best-head N_s/N",
+        ),
+    ]
+
+
+def convergence_rows(result: dict) -> list[dict]:
+    ns, length = result["N"], result["L"]
+    i100 = min(range(len(ns)), key=lambda i: abs(ns[i] - 100))
+    gap = result["gap_quantiles"][i100]["median"]
+    tight = result["tightness_quantiles"][i100]["median"]
+    last = result["tightness_quantiles"][-1]["median"]
+    dmed = [_med(v) for v in result["dtilde"]]
+    peak = max((v for v in dmed if math.isfinite(v)), default=float("nan"))
+    return [
+        _row(
+            f"As N approaches 100 (L = {length}) the actual and the expected distance converge",
+            "d̃ ≈ E at N = 100",
+            f"median |d̃ − E|/max(d̃, E) at N = {ns[i100]}: {_fmt(gap)} (N = 1: "
+            f"{_fmt(result['gap_quantiles'][0]['median'])}, N = {ns[-1]}: "
+            f"{_fmt(result['gap_quantiles'][-1]['median'])})",
+            gap <= 0.2 if math.isfinite(gap) else None, "relative gap ≤ 0.2 at N ≈ 100",
+        ),
+        _row(
+            f"As N approaches 100 (L = {length}) Theorem 1.1's bound is tight",
+            "d̃ / bound ≈ 1 at N = 100",
+            f"median d̃/bound at N = {ns[i100]}: {_fmt(tight)} (N = {ns[-1]}: {_fmt(last)})",
+            tight >= 0.5 if math.isfinite(tight) else None, "d̃/bound ≥ 0.5 at N ≈ 100",
+        ),
+        _row(
+            "Corollary 2(ii): d̃ → 0 as N → L",
+            "d̃ → 0",
+            f"median d̃ at N = {ns[-1]} = L − 1: {_fmt(dmed[-1])}, against its largest value "
+            f"over N: {_fmt(peak)}",
+            dmed[-1] <= 0.1 * peak if math.isfinite(dmed[-1]) else None,
+            "d̃ at N = L − 1 at most 10% of its peak over N",
+        ),
+    ]
+
+
 # ---- paper B ----------------------------------------------------------------------------------
 
 
@@ -485,6 +625,26 @@ def dagpam_gradients(result: dict) -> dict:
     )
 
 
+def training_gradients(result: dict) -> dict:
+    kinds = result["kinds"]
+    soft = kinds["softmax"]
+
+    def weakest(history):  # median over logged steps of the smallest per-layer ‖∇W_Q‖
+        return _med([min(layer) for layer in history["grad_q"]])
+
+    parts = [f"{name} {_fmt(weakest(h))} (final loss {_fmt(h['loss'][-1])})"
+             for name, h in kinds.items() if name != "softmax"]
+    larger = all(weakest(h) > weakest(soft) for n, h in kinds.items() if n != "softmax")
+    return _row(
+        "Paper B: daGPAM eases gradient vanishing during training (gradient histories)",
+        "larger gradients than softmax through training",
+        f"median over {len(soft['step'])} logged steps of the smallest per-layer ‖∂loss/∂W_Q‖ "
+        f"({result['layers']}-layer pre-norm decoder, {result['steps']} steps): softmax "
+        f"{_fmt(weakest(soft))} (final loss {_fmt(soft['loss'][-1])}); " + ", ".join(parts),
+        larger, "every daGPAM setting's median above softmax's",
+    )
+
+
 BUILDERS = {
     "distance_vs_length": [thm11_holds, epsilon_nonnegative, epsilon_small,
                            dtilde_linear_in_length, e_linear_in_length],
@@ -493,5 +653,10 @@ BUILDERS = {
     "separability": [plateau_level, best_head, bound_tracks_maximum, coverage_claim, thm2_lower,
                      thm2_upper],
     "gradient": [gradient_bounds, inverse_t_trend, high_t_drop],
+    "lemma1": [lemma1_bound, lemma1_vanishing],
+    "temperature": [selectivity_lost],
+    "coverage": [coverage_measured],
+    "convergence": [convergence_rows],
     "rank_collapse": [collapse_softmax, collapse_dagpam, dagpam_gradients],
+    "training": [training_gradients],
 }

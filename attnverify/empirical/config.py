@@ -25,7 +25,11 @@ PAPER_A_EXPERIMENTS = (
     "separability",
     "gradient",
 )
-EXPERIMENTS = PAPER_A_EXPERIMENTS + ("rank_collapse",)
+#: Measurements paper A reports beyond its five algorithms (THEORY.md §8).
+PAPER_A_MEASUREMENTS = ("lemma1", "temperature", "coverage", "convergence")
+#: Paper B: rank collapse at initialisation, gradient histories during training.
+PAPER_B_EXPERIMENTS = ("rank_collapse", "training")
+EXPERIMENTS = PAPER_A_EXPERIMENTS + PAPER_A_MEASUREMENTS + PAPER_B_EXPERIMENTS
 
 #: Paper A, Table 1: wall time of each algorithm on a 10-core laptop, in seconds.
 PAPER_TABLE1_SECONDS = {
@@ -56,8 +60,8 @@ class RunConfig:
     seed: int = 0
     max_length: int | None = None
     min_length: int = 32
-    windows: int = 1
-    rows_per_length: int = 64
+    windows: int = 8
+    rows_per_length: int = 8
     topn: int = 5
     topn_list: tuple[int, ...] = (1, 5, 10, 20, 100)
     separability_max_n: int = 64
@@ -66,11 +70,17 @@ class RunConfig:
     critical_draws: int = 1
     temperatures: tuple[float, ...] = field(default_factory=lambda: log_grid(1e-3, 10.0, 25))
     epsilons: tuple[float, ...] = (1e-3, 1e-1, 10.0)
+    selectivity_temperatures: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+    coverage_n: int = 16
     collapse_depth: int = 16
     collapse_lambdas: tuple[float, ...] = (0.1, 0.5, 1.0)
     collapse_seeds: int = 8
     collapse_width: int = 64
     collapse_tokens: int = 64
+    training_steps: int = 200
+    training_layers: int = 4
+    #: daGPAM (λ⁺, λ⁻) of the training run: paper B's one-λ form, then each λ varied alone.
+    training_lambdas: tuple[tuple[float, float], ...] = ((0.5, 0.5), (1.0, 0.5), (0.5, 1.0))
     progress: bool = True
     allow_download: bool = False
     threads: int | None = None
@@ -90,13 +100,16 @@ def log_grid(lo: float, hi: float, points: int) -> tuple[float, ...]:
 QUICK = {
     "max_length": 128,
     "min_length": 16,
-    "rows_per_length": 16,
+    "windows": 2,
+    "rows_per_length": 8,
     "topn_list": (1, 2, 5, 10, 20),
     "separability_max_n": 32,
     "mc_draws": 2,
     "temperatures": log_grid(1e-3, 10.0, 9),
     "collapse_depth": 8,
     "collapse_seeds": 2,
+    "training_steps": 20,
+    "training_layers": 2,
 }
 
 

@@ -20,7 +20,12 @@ FIGURES = {
     "critical_topn": "fig2c_critical_topn.png",
     "separability": "fig3_separability.png",
     "gradient": "fig4_gradient.png",
+    "lemma1": "lemma1_vanishing.png",
+    "temperature": "temperature_selectivity.png",
+    "coverage": "multihead_coverage.png",
+    "convergence": "convergence_n_to_l.png",
     "rank_collapse": "figB_rank_collapse.png",
+    "training": "figB_gradient_history.png",
 }
 EXTRA = {"heads": "head_diagnostics.png", "normalizers": "normalizers.png"}
 
@@ -207,6 +212,82 @@ def fig_gradient(result: dict, title: str):
     return fig
 
 
+def fig_lemma1(result: dict, title: str):
+    import matplotlib.pyplot as plt
+
+    lengths = result["lengths"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    _band(left, lengths, result["max_weight"], "max weight (median, IQR over heads)", "C0")
+    med, _, _ = _quartiles(result["max_weight"])
+    left.plot(lengths, [med[0] * lengths[0] / L for L in lengths], "k--", lw=0.8,
+              label="1/L from the first point")
+    left.set(xscale="log", yscale="log", xlabel="L (keys)", ylabel="mean max weight per head")
+    _band(right, lengths, result["entropy_normalized"], "entropy / log(keys)", "C2")
+    right.set(xscale="log", xlabel="L (keys)", ylabel="normalised entropy", ylim=(-0.02, 1.02))
+    for ax in (left, right):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Lemma 1 on the model: does attention vanish with L?\n{title}", fontsize=10)
+    return fig
+
+
+def fig_temperature(result: dict, title: str):
+    import matplotlib.pyplot as plt
+
+    ts = result["T"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for k, n in enumerate(result["N"]):
+        _band_quantiles(left, ts, [q[k] for q in result["ratio_quantiles"]], f"N_s/N, N = {n}",
+                        f"C{k}")
+    left.set(xscale="log", xlabel="temperature T", ylabel="N_s/N (median, IQR over heads)",
+             ylim=(-0.05, 1.05))
+    _band(right, ts, result["dtilde"], f"d̃, N = {result['topn']}", "C3")
+    right.set(xscale="log", yscale="log", xlabel="temperature T", ylabel="d̃ (median over heads)")
+    for ax in (left, right):
+        ax.axvline(1.0, color="k", ls=":", lw=0.8)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Temperature vs selectivity, L = {result['L']}\n{title}", fontsize=10)
+    return fig
+
+
+def fig_coverage(result: dict, title: str):
+    import matplotlib.pyplot as plt
+
+    layers = list(range(result["layers"]))
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    ax.plot(layers, result["measured"], "o-", color="C0", label="measured |∪S_h| / |∪I_h|")
+    ax.plot(layers, result["independent"], "s--", color="C1", label="independent heads")
+    ax.plot(layers, result["formula"], ":", color="C2", label="1 − (1 − p̄)^H")
+    ax.plot(layers, result["best_head"], "^-", color="C3", label="best single head N_s/N")
+    ax.set(xlabel="layer", ylabel="fraction of selected tokens separated", ylim=(-0.05, 1.05))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Multi-head coverage, L = {result['L']}, N = {result['N']}, "
+                 f"H = {result['heads_per_layer']}\n{title}", fontsize=10)
+    return fig
+
+
+def fig_convergence(result: dict, title: str):
+    import matplotlib.pyplot as plt
+
+    ns = result["N"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    _band(left, ns, result["dtilde"], "d̃ (top-N)", "C0")
+    _band(left, ns, result["E_mc"], "E (random N-subset)", "C2")
+    _band(left, ns, result["bound"], "Theorem 1.1 bound", "C3", "--")
+    left.set(xscale="log", yscale="log", xlabel="N", ylabel="distance (median, IQR over heads)")
+    _band_quantiles(right, ns, result["gap_quantiles"], "|d̃ − E| / max(d̃, E)", "C1")
+    _band_quantiles(right, ns, result["tightness_quantiles"], "d̃ / bound", "C4")
+    right.set(xscale="log", xlabel="N", ylabel="ratio", ylim=(-0.05, 1.05))
+    for ax in (left, right):
+        ax.axvline(100, color="k", ls=":", lw=0.8)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"N → L at L = {result['L']}\n{title}", fontsize=10)
+    return fig
+
+
 def fig_rank_collapse(result: dict, title: str):
     import matplotlib.pyplot as plt
 
@@ -223,6 +304,29 @@ def fig_rank_collapse(result: dict, title: str):
         _collapse_axes(axes[row], arch)
     fig.suptitle(f"Paper B: rank collapse at initialisation (width {result['width']}, "
                  f"{result['tokens']} tokens; median over {result['seeds']} seeds)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def fig_training(result: dict, title: str):
+    import matplotlib.pyplot as plt
+
+    layers = result["layers"]
+    fig, axes = plt.subplots(1, layers + 1, figsize=(3.6 * (layers + 1), 3.6), squeeze=False)
+    for i, (name, h) in enumerate(result["kinds"].items()):
+        axes[0, 0].plot(h["step"], h["loss"], color=f"C{i}", label=name)
+        for layer in range(layers):
+            axes[0, layer + 1].plot(h["step"], _floor([g[layer] for g in h["grad_q"]]),
+                                    color=f"C{i}", label=name)
+    axes[0, 0].set(xlabel="step", ylabel="training loss (nats / byte)")
+    for layer in range(layers):
+        axes[0, layer + 1].set(xlabel="step", yscale="log",
+                               ylabel=f"‖∂loss/∂W_Q‖_F, layer {layer + 1}")
+    for ax in axes[0]:
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Paper B: gradient histories while training a small pre-norm decoder on the "
+                 "text (not the checked model)", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -297,7 +401,12 @@ DRAW = {
     "critical_topn": fig_critical,
     "separability": fig_separability,
     "gradient": fig_gradient,
+    "lemma1": fig_lemma1,
+    "temperature": fig_temperature,
+    "coverage": fig_coverage,
+    "convergence": fig_convergence,
     "rank_collapse": fig_rank_collapse,
+    "training": fig_training,
 }
 NORMALIZER_PANELS = {
     "distance_vs_length": _panel_distance,

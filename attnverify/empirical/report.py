@@ -20,7 +20,12 @@ TITLES = {
     "critical_topn": "Algorithm 3 — critical top-N (Fig. 2c)",
     "separability": "Algorithm 4 — geometric separability (Fig. 3)",
     "gradient": "Algorithm 5 — gradient sensitivity (Fig. 4)",
+    "lemma1": "Lemma 1 on the model — max weight and entropy vs L",
+    "temperature": "Temperature vs selectivity — N_s/N and d̃ vs T",
+    "coverage": "Multi-head coverage, measured",
+    "convergence": "N → L — actual vs expected distance, tightness of the bound",
     "rank_collapse": "Paper B — rank collapse at initialisation",
+    "training": "Paper B — gradient histories during training",
 }
 
 
@@ -50,9 +55,28 @@ def _med(values) -> float:
     return median(finite) if finite else float("nan")
 
 
+def _se(values) -> float:
+    x = [v for v in values or [] if v is not None and math.isfinite(v)]
+    if len(x) < 2:
+        return float("nan")
+    mean = sum(x) / len(x)
+    return math.sqrt(sum((v - mean) ** 2 for v in x) / (len(x) - 1) / len(x))
+
+
+def _pm(value, windows) -> str:
+    """``value ± SE``: the standard error across windows of the per-window statistic."""
+    se = _se(windows)
+    return _f(value) if not math.isfinite(se) else f"{_f(value)} ± {_f(se, 2)}"
+
+
+SE_NOTE = ("± is the standard error across text windows of the same statistic computed on "
+           "each window alone.")
+
+
 def _table(head: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    lines = ["| " + " | ".join(h.replace("|", "\\|") for h in head) + " |",
+             "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -175,26 +199,34 @@ def _distance_vs_length(result: dict, doc: dict) -> str:
     own = result["normalizers"][MODEL_SOFTMAX]
     rows = []
     for i, length in enumerate(result["lengths"]):
-        rows.append([length, own["rows"][i], _f(_med(own["dtilde"][i])),
-                     _f(_med(own["bound"][i])), _f(_med(own["E_main"][i])),
-                     f"{_f(_med(own['E_mc'][i]))} ± {_f(_med(own['E_mc_se'][i]), 2)}",
+        win = {k: (own.get(f"{k}_window_median") or [[]] * len(result["lengths"]))[i]
+               for k in ("dtilde", "bound", "E_main", "E_mc")}
+        rows.append([length, own["rows"][i], _pm(_med(own["dtilde"][i]), win["dtilde"]),
+                     _pm(_med(own["bound"][i]), win["bound"]),
+                     _pm(_med(own["E_main"][i]), win["E_main"]),
+                     _pm(_med(own["E_mc"][i]), win["E_mc"]),
+                     _f(_med(own["E_mc_se"][i]), 2),
                      _f(own["epsilon_over_E"][i]["median"]), own["bound_violations"][i]])
-    head = ["L", "(head, token) rows", "d̃", "Thm 1.1 bound", "E main term", "E (MC ± SE)",
-            "ε/E", "bound violations"]
+    head = ["L", "(head, token) rows", "d̃", "Thm 1.1 bound", "E main term", "E (MC)",
+            "MC SE of E", "ε/E", "bound violations"]
     return "\n\n".join([f"## {TITLES['distance_vs_length']}",
-                        f"N = {result['N']}; medians over heads of per-head means over tokens.",
+                        f"N = {result['N']}; medians over heads of per-head means over tokens. "
+                        + SE_NOTE,
                         _table(head, rows), _figure(doc, "distance_vs_length"),
                         _choices(result)])
 
 
 def _distance_vs_topn(result: dict, doc: dict) -> str:
     own = result["normalizers"][MODEL_SOFTMAX]
-    rows = [[n, _f(_med(own["dtilde"][i])), _f(_med(own["bound"][i])),
-             _f(_med(own["E_main"][i])), _f(_med(own["E_mc"][i])), own["bound_violations"][i]]
-            for i, n in enumerate(result["N"])]
+    def cell(key, i):
+        return _pm(_med(own[key][i]), own.get(f"{key}_window_median", [[]] * (i + 1))[i])
+
+    rows = [[n, cell("dtilde", i), cell("bound", i), cell("E_main", i), cell("E_mc", i),
+             own["bound_violations"][i]] for i, n in enumerate(result["N"])]
     head = ["N", "d̃", "Thm 1.1 bound", "E main term", "E (MC)", "bound violations"]
     return "\n\n".join([f"## {TITLES['distance_vs_topn']}",
-                        f"L = {result['L']}, {result['rows']} tokens per head and window.",
+                        f"L = {result['L']}, {result['rows']} tokens per head and window. "
+                        + SE_NOTE,
                         _table(head, rows), _figure(doc, "distance_vs_topn"), _choices(result)])
 
 
@@ -218,7 +250,8 @@ def _critical(result: dict, doc: dict) -> str:
 def _separability(result: dict, doc: dict) -> str:
     own = result["normalizers"][MODEL_SOFTMAX]
     show = [i for i, n in enumerate(result["N"]) if n in (1, 2, 4, 8, 16, 24, 32, 48, 64)]
-    rows = [[result["N"][i], _f(own["ratio_quantiles"][i]["median"]),
+    win = own.get("ratio_window_median") or [[]] * len(result["N"])
+    rows = [[result["N"][i], _pm(own["ratio_quantiles"][i]["median"], win[i]),
              f"{_f(own['ratio_quantiles'][i]['q25'])}–{_f(own['ratio_quantiles'][i]['q75'])}",
              _f(own["lower_quantiles"][i]["median"]), _f(own["upper_quantiles"][i]["median"]),
              _f(own["lower_violation_fraction"][i]), _f(own["upper_violation_fraction"][i])]
@@ -229,7 +262,7 @@ def _separability(result: dict, doc: dict) -> str:
     geometry = (f"δ over heads: median {_f(d['median'])}, range {_f(d['min'])}–{_f(d['max'])}; "
                 f"{result['rows_with_duplicates']} of {result['rows_total']} rows hold duplicate "
                 "value vectors (left out of δ).")
-    return "\n\n".join([f"## {TITLES['separability']}", _table(head, rows), geometry,
+    return "\n\n".join([f"## {TITLES['separability']}", SE_NOTE, _table(head, rows), geometry,
                         _figure(doc, "separability"), _heads(result, doc), _choices(result)])
 
 
@@ -256,14 +289,75 @@ def _gradient(result: dict, doc: dict) -> str:
     ts = result["T"]
     show = range(0, len(ts), max(1, len(ts) // 8))
     head = ["T"] + [f"g (ε={e:g})" for e in result["eps"]] + ["1/(4T)", "1/(2T)", "argmax head"]
-    rows = [[_f(ts[i])] + [_f(own["g"][k][i]) for k in range(len(result["eps"]))]
+    win = own.get("g_window") or [[[]] * len(ts)] * len(result["eps"])
+    rows = [[_f(ts[i])] + [_pm(own["g"][k][i], win[k][i]) for k in range(len(result["eps"]))]
             + [_f(1 / (4 * ts[i])), _f(1 / (2 * ts[i])), own["argmax_head"][0][i]] for i in show]
     v = own["violations"]
     note = (f"Worst token per (head, T, ε): {v['half_over_T']} above 1/(2T), "
             f"{v['sqrt2_over_eps']} above √2/ε, {v['quarter_over_T']} above 1/(4T), of "
             f"{v['checked']}.")
-    return "\n\n".join([f"## {TITLES['gradient']}", _table(head, rows), note,
+    return "\n\n".join([f"## {TITLES['gradient']}", SE_NOTE + " Per window, g is the "
+                        "maximum over heads of that window's per-head means.",
+                        _table(head, rows), note,
                         _figure(doc, "gradient"), _choices(result)])
+
+
+def _lemma1(result: dict, doc: dict) -> str:
+    rows = []
+    for i, length in enumerate(result["lengths"]):
+        rows.append([length, _pm(_med(result["max_weight"][i]),
+                                 result["max_weight_window_median"][i]),
+                     _f(length * _med(result["max_weight"][i])),
+                     _pm(_med(result["entropy_normalized"][i]),
+                         result["entropy_window_median"][i]),
+                     _f(result["range_quantiles"][i]["median"]), result["violations"][i]])
+    q = result["max_weight_slope_quantiles"]
+    note = (f"Per-head slope of log(mean max weight) against log L: median {_f(q['median'])}, "
+            f"IQR {_f(q['q25'])}…{_f(q['q75'])}, range {_f(q['min'])}…{_f(q['max'])}; "
+            f"{result['vanishing_heads']} of {len(result['heads'])} heads at or below −0.5.")
+    head = ["L", "max weight (median head)", "L × max weight", "entropy / log(keys)",
+            "logit range ρ (median head)", "Cor. 1 violations"]
+    return "\n\n".join([f"## {TITLES['lemma1']}", SE_NOTE, _table(head, rows), note,
+                        _figure(doc, "lemma1"), _choices(result)])
+
+
+def _temperature(result: dict, doc: dict) -> str:
+    rows = []
+    for i, t in enumerate(result["T"]):
+        rows.append([_f(t)] + [_pm(result["ratio_quantiles"][i][k]["median"],
+                                   result["ratio_window_median"][i][k])
+                               for k in range(len(result["N"]))]
+                    + [_pm(_med(result["dtilde"][i]), result["dtilde_window_median"][i])])
+    head = ["T"] + [f"N_s/N (N={n})" for n in result["N"]] + [f"d̃ (N={result['topn']})"]
+    return "\n\n".join([f"## {TITLES['temperature']}",
+                        f"L = {result['L']}; medians over heads. " + SE_NOTE,
+                        _table(head, rows), _figure(doc, "temperature"), _choices(result)])
+
+
+def _coverage(result: dict, doc: dict) -> str:
+    rows = [[layer, _f(result["best_head"][layer]), _f(result["measured"][layer]),
+             _f(result["independent"][layer]), _f(result["formula"][layer]),
+             _f(result["union_over_n"][layer])] for layer in range(result["layers"])]
+    head = ["layer", "best head N_s/N", "coverage |∪S|/|∪I|", "independence prediction",
+            "1 − (1−p̄)^H", "|∪I| / N"]
+    note = ("Median over layers of the measured coverage per window: "
+            f"{_pm(_med(result['measured']), result['measured_window_median'])}. " + SE_NOTE)
+    return "\n\n".join([f"## {TITLES['coverage']}",
+                        f"L = {result['L']}, N = {result['N']}, {result['heads_per_layer']} "
+                        "query heads per layer; means over windows and rows.",
+                        _table(head, rows), note, _figure(doc, "coverage"), _choices(result)])
+
+
+def _convergence(result: dict, doc: dict) -> str:
+    rows = [[n, _f(_med(result["dtilde"][i])), _f(_med(result["E_mc"][i])),
+             _f(_med(result["bound"][i])), _f(result["gap_quantiles"][i]["median"]),
+             _f(result["tightness_quantiles"][i]["median"])]
+            for i, n in enumerate(result["N"])]
+    head = ["N", "d̃", "E (MC)", "Thm 1.1 bound", "|d̃ − E| / max", "d̃ / bound"]
+    return "\n\n".join([f"## {TITLES['convergence']}",
+                        f"L = {result['L']}, the row with exactly L keys in each of "
+                        f"{result['windows']} windows; medians over heads.",
+                        _table(head, rows), _figure(doc, "convergence"), _choices(result)])
 
 
 def _collapse(result: dict, doc: dict) -> str:
@@ -278,6 +372,21 @@ def _collapse(result: dict, doc: dict) -> str:
                       f"{result['seeds']} seeds):\n\n" + _table(head, rows))
     blocks += [_figure(doc, "rank_collapse"), _choices(result)]
     return "\n\n".join(blocks)
+
+
+def _training(result: dict, doc: dict) -> str:
+    rows = []
+    for name, h in result["kinds"].items():
+        first, last = h["grad_q"][0], h["grad_q"][-1]
+        rows.append([name, _f(h["lambda_pos"]), _f(h["lambda_neg"]), _f(h["loss"][0]),
+                     _f(h["loss"][-1]), " / ".join(_f(v) for v in first),
+                     " / ".join(_f(v) for v in last),
+                     _f(_med([min(layer) for layer in h["grad_q"]]))])
+    head = ["attention", "λ⁺", "λ⁻", "loss (step 0)", f"loss (step {result['steps'] - 1})",
+            "‖∇W_Q‖ per layer, step 0", "‖∇W_Q‖ per layer, last step",
+            "median over steps of the weakest layer"]
+    return "\n\n".join([f"## {TITLES['training']}", _table(head, rows),
+                        _figure(doc, "training"), _choices(result)])
 
 
 def _normalizers(doc: dict) -> str:
@@ -322,5 +431,10 @@ SECTIONS = {
     "critical_topn": _critical,
     "separability": _separability,
     "gradient": _gradient,
+    "lemma1": _lemma1,
+    "temperature": _temperature,
+    "coverage": _coverage,
+    "convergence": _convergence,
     "rank_collapse": _collapse,
+    "training": _training,
 }

@@ -47,6 +47,11 @@ class RowBatch:
         shaped = metric.reshape(-1, self.n_heads, *metric.shape[1:])
         return shaped.nanmean(dim=(0, 2))
 
+    def per_window(self, metric: torch.Tensor) -> torch.Tensor:
+        """Mean over rows only: ``[B, R, ...]`` → ``[window, head, ...]`` (NaN-aware)."""
+        shaped = metric.reshape(-1, self.n_heads, *metric.shape[1:])
+        return shaped.nanmean(dim=2)
+
 
 def row_batch(ex: Extraction, length: int, count: int, dtype=torch.float32) -> RowBatch:
     rows = band_rows(length, count).to(ex.q.device)

@@ -1,6 +1,6 @@
 """Theorem 2 of paper A on batches of attention rows: N_s/N and both bounds.
 
-Hypotheses [stated, THEORY.md §4]: every embedding lies on the sphere of radius M (the value
+Hypotheses [stated, docs/THEORY.md §4]: every embedding lies on the sphere of radius M (the value
 vectors are projected onto it: :func:`to_sphere`) and pairwise distances are at least δ > 0
 (δ = the empirical minimum over the row's keys: :func:`prefix_min_distance`).
 
@@ -59,13 +59,13 @@ class Separation:
 
 
 def separation(alpha, x, valid, delta, n_values: torch.Tensor, sphere: float = 1.0):
-    """N_s/N with Theorem 2's bounds [stated form, THEORY.md §4], for every N at once.
+    """N_s/N with Theorem 2's bounds [stated form, docs/THEORY.md §4], for every N at once.
 
     ``x`` must already lie on the sphere of radius ``sphere``; ``delta`` is ``[b, R]``.
     Bounds: ``1 − (1/(rN)) Σ_{i∈I_N} ξ_i ≤ N_s/N ≤ (1/N) Σ_{i∈I_N} exp(−(r − ξ_i)²/(16M²))``
     with ``ξ_i² = M²B_i² − (δ²/2)(B_i² − Q_i)``, ``B_i = Σ_{j∈I_N∖i} α_j``,
     ``Q_i = Σ_{j∈I_N∖i} α_j²`` [derived]. The lower bound is a theorem for α ≥ 0; the upper
-    bound is false per instance (THEORY.md) and is reported as measured.
+    bound is false per instance (docs/THEORY.md) and is reported as measured.
     """
     o = order_rows(alpha, x, valid, "top")
     g, _ = residual_norms(o, n_values)
@@ -106,3 +106,18 @@ def row_entropy(alpha, valid) -> torch.Tensor:
     p = alpha.clamp_min(0.0).masked_fill(~valid, 0.0)
     logp = torch.log(p.clamp_min(torch.finfo(p.dtype).tiny))
     return -(p * logp).sum(-1)
+
+
+def separable_sets(alpha, x, valid, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For one N: the selected keys ``I_N`` ``[b, R, N]`` (selection order) and whether each is
+    separable (``‖α_i x_i − s‖ < r``) ``[b, R, N]``; ``x`` already on the sphere. The same
+    criterion as :func:`separation`, kept per key so the sets of several heads can be joined."""
+    o = order_rows(alpha, x, valid, "top")
+    n_values = torch.tensor([n], device=alpha.device)
+    g, _ = residual_norms(o, n_values)
+    g = g[..., 0, :]  # [b, R, keys]
+    chosen = o.index[..., :n]
+    top = g.gather(-1, chosen)
+    outside = selected_mask(o, n_values)[..., 0, :] | ~o.valid
+    radius = g.masked_fill(outside, float("inf")).amin(-1)
+    return chosen, top < radius[..., None]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -80,3 +81,21 @@ def quantiles(per_head: torch.Tensor) -> dict[str, float]:
         "min": float(q[0]), "q25": float(q[1]), "median": float(q[2]), "q75": float(q[3]),
         "max": float(q[4]), "mean": float(x.mean()),
     }
+
+
+def window_medians(batch, metric: torch.Tensor) -> list:
+    """Per window, the median over heads of the per-head mean over rows: ``[B, R, k]`` →
+    ``[k][window]`` (``[B, R]`` → ``[window]``). The spread of these across windows gives the
+    standard errors of the report's tables."""
+    per = batch.per_window(metric)  # [W, H, ...]
+    med = per.to(torch.float64).nanmedian(dim=1).values  # [W, ...]
+    return med.T.tolist() if med.dim() > 1 else med.tolist()
+
+
+def standard_error(values) -> float:
+    """Standard error of the mean of ``values`` (NaNs dropped); NaN with fewer than two."""
+    x = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if len(x) < 2:
+        return float("nan")
+    mean = sum(x) / len(x)
+    return math.sqrt(sum((v - mean) ** 2 for v in x) / (len(x) - 1) / len(x))

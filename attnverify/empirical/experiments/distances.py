@@ -15,7 +15,12 @@ from attnverify.empirical.distance import (
     stratified_draw,
     stratified_orders,
 )
-from attnverify.empirical.experiments.context import Context, exceeds, quantiles
+from attnverify.empirical.experiments.context import (
+    Context,
+    exceeds,
+    quantiles,
+    window_medians,
+)
 from attnverify.empirical.rows import RowBatch, chunk_size, chunks, over_chunks
 
 COMMON_CHOICES = [
@@ -67,6 +72,8 @@ def summarise(batch: RowBatch, rows: dict, n_values) -> dict:
     out["epsilon_over_E"] = [quantiles(v) for v in (head_eps / head["E_mc"]).T]
     out["rows"] = int(rows["dtilde"].shape[0] * rows["dtilde"].shape[1])
     out["worst_bound_ratio"] = (rows["dtilde"] / rows["bound"]).amax((0, 1)).tolist()
+    for key in ("dtilde", "bound", "E_main", "E_mc"):
+        out[f"{key}_window_median"] = window_medians(batch, rows[key])  # [N][window]
     return out
 
 

@@ -24,7 +24,8 @@ CHOICES = [
 
 
 def per_head_sensitivity(ctx: Context, weighting, logits, directions):
-    """``(mean, worst)`` over tokens per head, each ``[T, ε, heads]``."""
+    """Mean over tokens per window and head ``[T, ε, window, heads]``; worst token per head
+    ``[T, ε, heads]``."""
     cfg = ctx.config
     size = max(1, CHUNK_BYTES // (logits[0].numel() * 8))
     means, worsts = [], []
@@ -36,7 +37,7 @@ def per_head_sensitivity(ctx: Context, weighting, logits, directions):
     heads = ctx.extraction.n_total_heads
     mean = torch.cat(means, -1).reshape(len(cfg.temperatures), len(cfg.epsilons), -1, heads)
     worst = torch.cat(worsts, -1).reshape(mean.shape)
-    return mean.mean(2), worst.amax(2)
+    return mean, worst.amax(2)
 
 
 def gradient(ctx: Context) -> dict:
@@ -55,10 +56,12 @@ def gradient(ctx: Context) -> dict:
               "rows": len(batch.rows), "choices": CHOICES, "normalizers": {}}
     bar = ctx.bar("Alg.5 gradient", len(ctx.weightings))
     for w in ctx.weightings:
-        mean, worst = per_head_sensitivity(ctx, w, logits, directions)
+        per_window, worst = per_head_sensitivity(ctx, w, logits, directions)
+        mean = per_window.mean(2)
         g, arg = mean.max(-1)
         result["normalizers"][w.id] = {
             "g": g.T.tolist(),  # [eps][T]
+            "g_window": per_window.amax(-1).permute(1, 0, 2).tolist(),  # [eps][T][window]
             "argmax_head": [[labels[i] for i in row] for row in arg.T.tolist()],
             "per_head_median": mean.median(-1).values.T.tolist(),
             "worst_token": worst.amax(-1).T.tolist(),

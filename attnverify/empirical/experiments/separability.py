@@ -6,7 +6,12 @@ import math
 
 import torch
 
-from attnverify.empirical.experiments.context import Context, exceeds, quantiles
+from attnverify.empirical.experiments.context import (
+    Context,
+    exceeds,
+    quantiles,
+    window_medians,
+)
 from attnverify.empirical.rows import RowBatch, chunks, over_chunks
 from attnverify.empirical.separation import (
     prefix_min_distance,
@@ -70,7 +75,15 @@ def summarise(batch: RowBatch, n_values, ratio, lower, upper, entropy) -> dict:
         "upper_violated_on_average": exceeds(head_ratio, head_upper).sum(0).tolist(),
         "entropy_normalized": batch.per_head(entropy).tolist(),
         "plateau": head_ratio[:, plateau].mean(-1).tolist(),
+        "ratio_window_median": window_medians(batch, ratio),  # [N][window]
+        "plateau_window_median": _window_plateau(batch, ratio, plateau).median(-1).values.tolist(),
+        "plateau_window_max": _window_plateau(batch, ratio, plateau).amax(-1).tolist(),
     }
+
+
+def _window_plateau(batch: RowBatch, ratio, plateau) -> torch.Tensor:
+    """Per window and head, the mean of N_s/N over the plateau's N: ``[window, head]``."""
+    return batch.per_window(ratio)[..., plateau].mean(-1)
 
 
 def _fraction(flags: torch.Tensor) -> list[float]:
