@@ -1,8 +1,8 @@
-"""``attnverify claims``: the audit of the papers' own claims (THEORY.md §7), from actual runs.
+"""``attnverify claims``: the audit of the papers' own claims (docs/THEORY.md §7), from actual runs.
 
 Each row names a claim, its bound, norm and hypotheses, the normalizer it is checked on, the
 verdict (holds / falsified / measured, with "vacuous" noted where the bound says nothing) and,
-when falsified, the minimal counterexample and the worst ratio. ``expected`` is THEORY.md §7's
+when falsified, the minimal counterexample and the worst ratio. ``expected`` is docs/THEORY.md §7's
 verdict; the command exits 0 when every verdict matches it and 1 when one does not.
 """
 
@@ -279,10 +279,10 @@ def run_claims_command(args) -> int:
     print()
     if mismatches:
         for r in mismatches:
-            print(f"differs from THEORY.md §7: {r.claim}: {r.verdict} (expected {r.expected}); "
-                  f"{r.note}")
+            print(f"differs from docs/THEORY.md §7: {r.claim}: {r.verdict} "
+                  f"(expected {r.expected}); {r.note}")
     else:
-        print(f"all {len(rows)} verdicts match THEORY.md §7")
+        print(f"all {len(rows)} verdicts match docs/THEORY.md §7")
     if args.json_path:
         write_json(args.json_path, {"schema_version": 1, "attnverify_version": __version__,
                                     "profile": ctx.profile, "seed": ctx.seed,

@@ -1,4 +1,4 @@
-"""The ``attnverify`` command line (INTERFACES.md): exit 0 ok, 1 violated / falsified, 2 usage."""
+"""The ``attnverify`` command line (docs/INTERFACES.md): exit 0 ok, 1 violated, 2 bad input."""
 
 from __future__ import annotations
 

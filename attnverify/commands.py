@@ -189,7 +189,7 @@ COMMANDS = {
                 _run_certify),
     "falsify": ("search for the smallest input that breaks an inequality", _falsify_args,
                 _run_falsify),
-    "claims": ("the audit of the papers' own claims (THEORY.md §7)", _claims_args, _run_claims),
+    "claims": ("the audit of the papers' claims (docs/THEORY.md §7)", _claims_args, _run_claims),
     "repro": ("re-check one property (or inequality) on one exact case; exit 1 while it fails",
               _repro_args, _run_repro),
 }

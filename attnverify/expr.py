@@ -1,4 +1,4 @@
-"""The restricted expression language of ``attnverify falsify`` (INTERFACES.md).
+"""The restricted expression language of ``attnverify falsify`` (docs/INTERFACES.md).
 
 An inequality ``LHS <= RHS`` (also ``<``, ``>=``, ``>``; ``>=`` / ``>`` are flipped so the parsed
 form always reads ``lhs ≤ rhs`` or ``lhs < rhs``) over numbers, the quantities of a generated case

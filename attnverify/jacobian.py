@@ -413,7 +413,7 @@ def l1_total(f: RowMap, z: Tensor, *, block: int | None = None) -> Tensor:
 
 
 def unit_directions(shape, *, seed: int, dtype: torch.dtype = torch.float64) -> Tensor:
-    """Gaussian vectors normalised to unit ℓ2 length along the last dim (THEORY.md §5 [choice])."""
+    """Gaussian vectors normalised to unit ℓ2 length on the last dim (docs/THEORY.md §5, choice)."""
     v = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
     return v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
 

@@ -4,7 +4,7 @@
 
 runs every universal property and every claim of the target as one test each, with ids
 ``<target>::<property>`` (the same ids as ``--xfails`` files), and writes the JSON certificate of
-INTERFACES.md. Settings come from options or environment variables (``ATTNVERIFY_TARGET``,
+docs/INTERFACES.md. Settings come from options or environment variables (``ATTNVERIFY_TARGET``,
 ``ATTNVERIFY_PROFILE``, ...). Without a target the suite in ``properties/`` checks every
 built-in. The suite module is ``properties/test_properties.py`` in the repository, installed as
 ``attnverify.properties.test_properties``. Works under pytest-xdist: results travel to the

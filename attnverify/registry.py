@@ -1,6 +1,6 @@
 """One record type for a normalizer and one loader for every kind of target.
 
-A *target* (INTERFACES.md) is a built-in id, ``package.module:attr``, ``path/to/file.py:attr``
+A *target* (docs/INTERFACES.md) is a built-in id, ``package.module:attr``, ``path/to/file.py:attr``
 or a name registered under the entry-point group ``attnverify.normalizers``. ``attr`` is a
 plain callable ``fn(scores, dim=-1, **params)`` or a :class:`NormalizerSpec`.
 """
@@ -38,7 +38,7 @@ ENTRY_POINT_GROUP = "attnverify.normalizers"
 
 
 def builtins() -> dict[str, NormalizerSpec]:
-    """Every built-in normalizer, by id, in NORMALIZERS.md order.
+    """Every built-in normalizer, by id, in docs/NORMALIZERS.md order.
 
     Imported here, not at module level, so that ``import attnverify`` (and the auto-loaded
     pytest plugin) does not import torch; ``attnverify.normalizers`` imports only

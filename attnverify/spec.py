@@ -16,7 +16,7 @@ from typing import Any
 
 from attnverify.errors import TargetError, UsageError
 
-#: Output spaces a normalizer may declare (NORMALIZERS.md, "space").
+#: Output spaces a normalizer may declare (docs/NORMALIZERS.md, "space").
 SPACES = ("simplex", "sub_simplex", "nonnegative", "affine", "any")
 
 #: Claim ids implied by each space, used when a spec gives a space but no claims.
@@ -31,7 +31,7 @@ SPACE_CLAIMS = {
 
 @dataclass(frozen=True)
 class Kernel:
-    """``F`` and ``F'`` of the general normalizer ``α_i = F(l_i) / Σ_j F(l_j)`` (THEORY.md §1).
+    """``F`` and ``F'`` of the general normalizer ``α_i = F(l_i) / Σ_j F(l_j)`` (docs/THEORY.md §1).
 
     ``F(l, T)`` must be smooth and strictly positive on finite ``l`` and must not depend on the
     row length; Lemma 1 and Lemma 2 apply only to normalizers that declare a kernel.
@@ -49,7 +49,7 @@ class NormalizerSpec:
     ``fn(scores, dim=-1, **params)`` maps scores (``-inf`` = masked key) to weights of the same
     shape. ``params`` holds every parameter with its default; ``temperature`` among them means the
     temperature-dependent properties apply. ``claims`` are non-universal property ids
-    (INTERFACES.md); the universal ones are always checked.
+    (docs/INTERFACES.md); the universal ones are always checked.
     """
 
     id: str
@@ -120,7 +120,7 @@ def normalizer_spec(
     description: str = "",
     reference: Any = None,
 ) -> NormalizerSpec:
-    """Public constructor for a spec object that declares its claims (INTERFACES.md).
+    """Public constructor for a spec object that declares its claims (docs/INTERFACES.md).
 
     ``params`` defaults to the keyword defaults of ``fn``'s signature; ``claims`` defaults to
     the claims implied by ``space``, plus ``matches_reference`` when there is a reference:

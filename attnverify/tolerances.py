@@ -1,4 +1,4 @@
-"""The one per-dtype tolerance table (STYLE.md: no literal ``1e-6`` inside a property or bound).
+"""The one per-dtype tolerance table (the rule: no literal ``1e-6`` inside a property or bound).
 
 The values are those of ``torch.testing.assert_close``'s defaults, so a failure here means the
 same thing as a failure there. Callers compare ``|actual − expected| ≤ atol + rtol·|expected|``.

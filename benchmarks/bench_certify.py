@@ -16,7 +16,7 @@ import os
 from .grid import BUILTIN_IDS, TARGET
 from .subjects import TARGET_ENV
 
-#: Property ids of INTERFACES.md: the universal ones, then the claimable ones.
+#: Property ids of docs/INTERFACES.md: the universal ones, then the claimable ones.
 PROPERTIES = (
     "shape",
     "finite",

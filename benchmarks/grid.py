@@ -20,7 +20,7 @@ import os
 
 GRID_ENV = "ATTNVERIFY_BENCH_GRID"
 
-#: Built-in ids in NORMALIZERS.md order. A new built-in is added here by hand, so that the
+#: Built-in ids in docs/NORMALIZERS.md order. A new built-in is added here by hand, so that the
 #: grid of an old commit stays what it was (a commit that lacks an id skips it).
 BUILTIN_IDS = (
     "softmax",

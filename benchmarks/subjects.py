@@ -15,7 +15,7 @@ from collections.abc import Callable
 from . import devices
 from .grid import BUILTIN_IDS, OVERRIDES, PEERS, TARGET
 
-#: ``ATTNVERIFY_BENCH_TARGET``: the user's normalizer as a target string (INTERFACES.md):
+#: ``ATTNVERIFY_BENCH_TARGET``: the user's normalizer as a target string (docs/INTERFACES.md):
 #: ``package.module:attr``, ``path/to/file.py:attr``, an entry-point name or a built-in id.
 TARGET_ENV = "ATTNVERIFY_BENCH_TARGET"
 #: ``ATTNVERIFY_BENCH_PARAMS``: parameters for the target, ``k=v,k=v`` as ``--params`` takes.

@@ -96,7 +96,7 @@ def test_property(attnverify_case, request):
 
 
 def certificate_from_records(config, records: list[dict]) -> dict:
-    """The JSON certificate of INTERFACES.md from the suite's per-test records."""
+    """The JSON certificate of docs/INTERFACES.md from the suite's per-test records."""
     from attnverify.certify import PropertyResult, TargetResult
     from attnverify.report import certificate
 

@@ -7,7 +7,7 @@
   sensitivity) and the finite-difference estimator's bound.
 - :mod:`~attnverify.bounds.gpam` — paper [B]: daGPAM range and sum, Lemma 3.
 
-[A] arXiv:2508.17821, [B] arXiv:2410.15578; THEORY.md tags each form stated / derived / choice /
+[A] arXiv:2508.17821, [B] arXiv:2410.15578; docs/THEORY.md tags each form stated / derived / choice/
 false, and so does each docstring. Bounds take tensors and return tensors; the caller compares
 with the tolerance of :mod:`attnverify.tolerances`.
 """

@@ -1,7 +1,7 @@
 """Paper [B]'s claims: daGPAM's range and row sum, and Lemma 3 on the total softmax gradient.
 
 [B] Heo, Choi, *Generalized Probabilistic Attention Mechanism in Transformers*, arXiv:2410.15578
-(THEORY.md §6). ``p`` is a softmax row (``[..., L]``) and ``J = (diag p − ppᵀ)/T`` its Jacobian
+(docs/THEORY.md §6). ``p`` is a softmax row (``[..., L]``) and ``J = (diag p − ppᵀ)/T`` its Jacobian
 (``∂P_ij/∂A_ik = P_ij(δ_jk − P_ik)`` in [B]'s notation, ``T = 1``). Every function is pure;
 tolerances are the caller's.
 """
@@ -22,7 +22,7 @@ GPAM_ROW_SUM = 1.0
 def dagpam_reference(scores: Tensor, lam: Number, temperature: Number = 1.0) -> Tensor:
     """daGPAM on one logit row [B, derived form]: ``(1+λ)·softmax(l/T) − λ·softmax(−l/T)``.
 
-    [B] combines two softmax maps ``P = (1+λ)P⁺ − λP⁻``; as a map of one row THEORY.md §6 uses
+    [B] combines two softmax maps ``P = (1+λ)P⁺ − λP⁻``; as a map of one row docs/THEORY.md §6 uses
     the paper's own approximation ``Q⁻ ≈ −Q⁺``. A reference for tests, not the built-in.
     """
     z = scores / temperature
@@ -88,7 +88,7 @@ def frobenius_maximum(temperature: Number = 1.0) -> Tensor:
     Proof: ``(Σp²)² ≤ Σp·Σp³ = Σp³`` (Cauchy–Schwarz), so ``T²‖J‖_F² ≤ Σp² − Σp³ =
     Σ p_j·p_j(1 − p_j) ≤ ¼·Σp_j = ¼``, with equality at the two-way tie.
 
-    THEORY.md §6 quotes the value ``¼``: that is the squared norm ``‖J‖_F²`` at ``T = 1``.
+    docs/THEORY.md §6 quotes the value ``¼``: that is the squared norm ``‖J‖_F²`` at ``T = 1``.
     The value equals the spectral bound, attained at the same row.
     """
     return softmax_spectral_bound(temperature)

@@ -1,6 +1,6 @@
 """Lemma 2 and Corollary 3 of [A]: how sensitive the weights are to the logits.
 
-[A] Mudarisov et al., arXiv:2508.17821, §6 (THEORY.md §5). ``J = ∂α/∂l`` is the Jacobian of one
+[A] Mudarisov et al., arXiv:2508.17821, §6 (docs/THEORY.md §5). ``J = ∂α/∂l`` is the Jacobian of one
 row's weights with respect to its logits (``J[..., i, k] = ∂α_i/∂l_k``). Every function is pure
 and broadcasts over leading dimensions; tolerances are the caller's.
 """
@@ -58,7 +58,7 @@ def cor3_entrywise_bound(temperature: Number = 1.0) -> Tensor:
 
 
 def softmax_spectral_bound(temperature: Number = 1.0) -> Tensor:
-    """Corrected Corollary 3, spectral (THEORY.md §5, true, tight): ``‖J‖₂ ≤ 1/(2T)`` for softmax.
+    """Corrected Corollary 3, spectral (docs/THEORY.md §5, true, tight): softmax ``‖J‖₂ ≤ 1/(2T)``.
 
     ``J ⪰ 0`` and ``λ_max(diag α − ααᵀ) ≤ ½``; equality at the two-way tie ``α = (½, ½, 0, …)``,
     where ``J = (1/T)·[[¼, −¼], [−¼, ¼]] ⊕ 0`` has eigenvalue ``1/(2T)``.

@@ -1,7 +1,7 @@
 """Lemma 1 and Corollary 1 of [A]: the weights of a length-independent normalizer vanish as 1/L.
 
 [A] Mudarisov, Burtsev, Petrova, State, *Limitations of Normalization in Attention Mechanism*,
-arXiv:2508.17821, §3 (THEORY.md §2). The normalizer is the general form
+arXiv:2508.17821, §3 (docs/THEORY.md §2). The normalizer is the general form
 ``α_i = F(l_i) / Σ_j F(l_j)`` with ``F`` smooth, strictly positive and independent of ``L``.
 Every function here is pure and broadcasts over leading dimensions; tolerances are the caller's.
 """
@@ -79,7 +79,7 @@ def cor1_softmax_weight_bounds(
 def fixed_margin_peak(length: int, a: float, *, dtype: torch.dtype = torch.float64) -> Tensor:
     """The row ``(+a, −a, …, −a)`` of length ``L``: one key ahead of the rest by a fixed margin.
 
-    It is the witness of THEORY.md §2 for length awareness: a length-independent ``F`` (Lemma 1)
+    The witness of docs/THEORY.md §2 for length awareness: a length-independent ``F`` (Lemma 1)
     gives the peak a weight ``≤ C2/L → 0``; a length-aware normalizer (Scalable-Softmax) must
     not let it decay like 1/L.
     """

@@ -1,6 +1,6 @@
 """Theorem 1 of [A]: how far the top-N context vector sits from the tokens it leaves out.
 
-[A] Mudarisov et al., arXiv:2508.17821, §4 (THEORY.md §3). For one query row with weights ``α``
+[A] Mudarisov et al., arXiv:2508.17821, §4 (docs/THEORY.md §3). For one query row with weights ``α``
 (``[..., L]``) and embeddings ``x`` (``[..., L, d]``), a selected set ``I_N`` (a boolean mask
 ``[..., L]``) gives the context vector ``s = Σ_{i∈I_N} α_i x_i``, the top-N mass
 ``ᾱ_N = Σ_{i∈I_N} α_i`` and the cumulative distance ``d̃ = Σ_{i∉I_N} ‖α_i x_i − s‖₂`` (a sum of
@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-#: Largest row length for which E[d̃] is computed by enumerating every N-subset (THEORY.md §3).
+#: Largest row length for which E[d̃] is computed by enumerating every N-subset (docs/THEORY.md §3).
 EXACT_MAX_LENGTH = 14
 
 #: Elements of the ``[subsets, ..., L, d]`` work tensor held at once by the E[d̃] computations.
@@ -26,7 +26,7 @@ CHUNK_ELEMENTS = 1 << 22
 def top_n_indices(alpha: Tensor, n: int) -> Tensor:
     """Indices ``[..., n]`` of the ``n`` largest weights, largest first, ties to the lower index.
 
-    ``I_N`` of THEORY.md (tie-break [choice]). A stable descending sort keeps equal weights in
+    ``I_N`` of docs/THEORY.md (tie-break [choice]). A stable descending sort keeps equal weights in
     index order, which ``torch.topk`` does not promise.
     """
     if not 0 <= n <= alpha.shape[-1]:

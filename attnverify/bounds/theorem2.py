@@ -1,6 +1,6 @@
 """Theorem 2 of [A]: how many selected tokens a single head can separate geometrically.
 
-[A] Mudarisov et al., arXiv:2508.17821, §5 (THEORY.md §4). Embeddings ``x`` (``[..., L, d]``) lie
+[A] Mudarisov et al., arXiv:2508.17821, §5 (docs/THEORY.md §4). Embeddings ``x`` ``[..., L, d]`` lie
 on the sphere of radius ``M`` and are pairwise at least ``δ`` apart; ``I_N`` is a boolean mask
 ``[..., L]`` (see :func:`attnverify.bounds.theorem1.top_n_mask`) and ``s = Σ_{i∈I_N} α_i x_i``.
 Every function is pure; tolerances are the caller's.
@@ -91,7 +91,7 @@ def thm2_upper_bound(xi_values: Tensor, r: Tensor, mask: Tensor, radius: float |
     """Theorem 2 of [A] (§5, [stated form], **[false]** per instance):
     ``E[N_s]/N ≤ (1/N)·Σ_{i∈I_N} exp(−(r − ξ_i)²/(16 M²))``.
 
-    A uniform-sphere simulation violates it in a sizeable fraction of draws (THEORY.md §4);
+    A uniform-sphere simulation violates it in a sizeable fraction of draws (docs/THEORY.md §4);
     whether it holds on average over draws is measured, not assumed.
     """
     n = mask.sum(-1).to(xi_values.dtype)

@@ -1,5 +1,5 @@
-"""The property registry: every id of INTERFACES.md with its statement, applicability, cases and
-check. ``attnverify properties`` prints :data:`PROPERTIES`; a property's id is its report key.
+"""The property registry: every id of docs/INTERFACES.md with its statement, applicability, cases
+and check. ``attnverify properties`` prints :data:`PROPERTIES`; a property's id is its report key.
 """
 
 from __future__ import annotations

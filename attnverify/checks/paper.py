@@ -1,5 +1,5 @@
-"""Checks of the papers' claims (docs/THEORY.md §2–6), each comparing an observed quantity with a bound
-from :mod:`attnverify.bounds`. All run in float64: they test mathematics, not rounding; the
+"""Checks of the papers' claims (docs/THEORY.md §2–6), each comparing an observed quantity with a
+bound from :mod:`attnverify.bounds`. All run in float64: they test mathematics, not rounding; the
 slack is the float64 row of the tolerance table.
 """
 

@@ -1,4 +1,4 @@
-"""``attnverify empirical``: argparse wiring for the model check (INTERFACES.md).
+"""``attnverify empirical``: argparse wiring for the model check (docs/INTERFACES.md).
 
 The main CLI calls :func:`add_parser` with its subparsers and :func:`run` with the parsed
 arguments; ``python -m attnverify.empirical`` does the same on its own.

@@ -4,7 +4,7 @@
 architectures: ``pure`` (``X ← Attn(X)``, the setting of Dong et al. 2021 where collapse is
 proved doubly exponential) and ``residual`` (``X ← X + Attn(X)``); one head of width
 ``d``, no mask, weights ``N(0, 1/d)``, inputs ``X₀ ~ N(0, 1)`` of ``n`` tokens. A softmax layer is
-``X ← softmax(QKᵀ/√d)·V``; a daGPAM layer uses paper B's two maps (THEORY.md §6):
+``X ← softmax(QKᵀ/√d)·V``; a daGPAM layer uses paper B's two maps (docs/THEORY.md §6):
 ``P⁺ = softmax(Q⁺Kᵀ/√d)``, ``P⁻ = softmax(Q⁻Kᵀ/√d)``, ``Q⁻ = ReLU(Q⁺)·W_Q⁻``,
 ``P = (1+λ)P⁺ − λP⁻`` (rows sum to 1, entries in ``[−λ, 1+λ]``).
 

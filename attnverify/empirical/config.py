@@ -1,6 +1,6 @@
 """Settings of one ``attnverify empirical`` run, their defaults and their validation.
 
-Defaults follow paper A's experiments (THEORY.md §3–5): N = 5 and L = 32 … 1024 for Alg. 1,
+Defaults follow paper A's experiments (docs/THEORY.md §3–5): N = 5 and L = 32 … 1024 for Alg. 1,
 N ∈ {1, 5, 10, 20, 100} at L = 1024 for Alg. 2, N = 1 … 64 for Alg. 4, ε ∈ {1e-3, 1e-1, 10} and
 T on a log grid 1e-3 … 10 for Alg. 5; paper B's stacks go 16 layers deep.
 """
@@ -25,7 +25,7 @@ PAPER_A_EXPERIMENTS = (
     "separability",
     "gradient",
 )
-#: Measurements paper A reports beyond its five algorithms (THEORY.md §8).
+#: Measurements paper A reports beyond its five algorithms (docs/THEORY.md §8).
 PAPER_A_MEASUREMENTS = ("lemma1", "temperature", "coverage", "convergence")
 #: Paper B: rank collapse at initialisation, gradient histories during training.
 PAPER_B_EXPERIMENTS = ("rank_collapse", "training")

@@ -9,7 +9,7 @@ prefix sums of the weights in selection order.
 The per-row references these batched forms are tested against live in
 :mod:`attnverify.bounds.theorem1` (including the exact E by enumeration for L ≤ 14).
 
-Notation (THEORY.md §3): ``I_N`` = indices of the N largest weights, ties to the lower index;
+Notation (docs/THEORY.md §3): ``I_N`` = indices of the N largest weights, ties to the lower index;
 ``s = Σ_{i∈I_N} α_i x_i``; ``d̃ = Σ_{i∉I_N} ‖α_i x_i − s‖`` (a sum of norms).
 """
 
@@ -53,7 +53,7 @@ class Ordered:
 def order_rows(alpha, x, valid, how: str = "top", generator=None, depth=None) -> Ordered:
     """Put keys in selection order.
 
-    ``how="top"``: by decreasing weight, ties broken by the lower index [choice, THEORY.md];
+    ``how="top"``: by decreasing weight, ties broken by the lower index [choice, docs/THEORY.md];
     ``how="random"``: a uniformly random order, so the first N keys are a uniform N-subset
     (the random ``I_N`` of Theorem 1.2), nested across N. With ``depth`` only the first
     ``depth`` positions are ordered (``topk``; the others share rank ``n``), which is all that
@@ -106,7 +106,7 @@ def selected_mask(o: Ordered, n_values: torch.Tensor) -> torch.Tensor:
 
 
 def cumulative_distance(o: Ordered, n_values: torch.Tensor) -> torch.Tensor:
-    """d̃_N = Σ_{i∉I_N} ‖α_i x_i − s_N‖ over the valid keys [stated, THEORY.md §3]; ``[b,R,k]``.
+    """d̃_N = Σ_{i∉I_N} ‖α_i x_i − s_N‖ over valid keys [stated, docs/THEORY.md §3]; ``[b,R,k]``.
 
     NaN where N ≥ the row's number of valid keys (nothing is left unselected).
     """
@@ -168,7 +168,7 @@ def fixed_set_bound(o: Ordered, n_values: torch.Tensor) -> torch.Tensor:
 
 
 def expected_distance_main(alpha, x, valid, n_values: torch.Tensor) -> torch.Tensor:
-    """Theorem 1.2's main term [derived, THEORY.md §3], ``[b, R, k]``:
+    """Theorem 1.2's main term [derived, docs/THEORY.md §3], ``[b, R, k]``:
     ``((L−N)/L) Σ_i ‖c_i x_i − x̄‖``, ``c_i = α_i(1 + N/(L−1))``, ``x̄ = (N/(L−1)) Σ_j α_j x_j``.
 
     It is Jensen's lower bound on ``E = E[d̃]`` for a uniformly random ``I_N``, so ``E − main``

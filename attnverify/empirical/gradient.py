@@ -7,7 +7,7 @@ Gaussian on the row's unmasked keys, normalised, drawn once per (head, token) an
 (T, ε) so the curves differ only through T and ε; arithmetic in float64.
 
 For softmax (a simplex normalizer), the mean value theorem gives ``g ≤ min{1/(2T), √2/ε}``
-(THEORY.md §5); the paper's stated ``1/(4T)`` bounds only the Jacobian's entries.
+(docs/THEORY.md §5); the paper's stated ``1/(4T)`` bounds only the Jacobian's entries.
 """
 
 from __future__ import annotations

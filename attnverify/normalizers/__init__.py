@@ -1,4 +1,4 @@
-"""The twelve built-in normalizers (NORMALIZERS.md), each as a :class:`NormalizerSpec`."""
+"""The twelve built-in normalizers (docs/NORMALIZERS.md), each as a :class:`NormalizerSpec`."""
 
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ _SPECS = [
             "fully_masked_row",
         ),
         space="affine",
-        citation="daGPAM, Heo & Choi, arXiv:2410.15578 (single-row form, THEORY.md §6)",
+        citation="daGPAM, Heo & Choi, arXiv:2410.15578 (single-row form, docs/THEORY.md §6)",
     ),
 ]
 

@@ -7,7 +7,7 @@
  * output (the row is then in L1), and one in-cache scaling pass, with a table-and-polynomial
  * exp (below) whose error is under 1 ulp.
  *
- * Semantics are those of attnverify's softmax (NORMALIZERS.md):
+ * Semantics are those of attnverify's softmax (docs/NORMALIZERS.md):
  *   - the argument is (x_i - max), divided by T when T != 1: shifted first, so it is <= 0, exp
  *     never overflows and a large |x| / T neither overflows nor loses the difference to
  *     rounding (x/T - max/T would); the reference path computes the same expression;

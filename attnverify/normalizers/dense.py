@@ -209,7 +209,7 @@ def dagpam(
     """daGPAM, single-row form: ``(1 + λ)·softmax(z/T) − λ·softmax(−z/T)``.
 
     Output: affine — rows sum to exactly 1 and entries lie in ``[−λ, 1 + λ]``; weights may be
-    negative. Paper B's two-map layer with its approximation ``Q⁻ ≈ −Q⁺`` (THEORY.md §6).
+    negative. Paper B's two-map layer with its approximation ``Q⁻ ≈ −Q⁺`` (docs/THEORY.md §6).
     Masked keys stay masked in both maps. Source: Heo & Choi, arXiv:2410.15578.
     """
     check_temperature(temperature)

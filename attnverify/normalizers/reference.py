@@ -1,4 +1,4 @@
-"""Float64 references for the built-ins, written from their defining formulas (NORMALIZERS.md).
+"""Float64 references for the built-ins, written from their defining formulas (docs/NORMALIZERS.md).
 
 Each reference is an independent, deliberately plain implementation: it shares no code with the
 built-in it checks (``dense.py`` / ``sparse.py``), runs in float64 whatever the input dtype, and
@@ -227,7 +227,7 @@ def entmax_alpha(
 
 def from_kernel(kernel: Kernel) -> Callable[..., Tensor]:
     """The general normalizer of a kernel, ``α_i = F(z_i, T) / Σ_j F(z_j, T)`` over the unmasked
-    keys in float64 (THEORY.md §1); a fully masked row gives zeros. ``F`` is evaluated as given:
+    keys in float64 (docs/THEORY.md §1); a fully masked row gives zeros. ``F`` is used as given:
     where it overflows, the reference is undefined (NaN) and ``matches_reference`` skips the
     row."""
 

@@ -1,6 +1,6 @@
 """Row plumbing shared by the built-ins: precision, temperature, masks, the fully-masked policy.
 
-Conventions every built-in follows (NORMALIZERS.md):
+Conventions every built-in follows (docs/NORMALIZERS.md):
 
 - ``-inf`` in the scores marks a masked key; it gets weight exactly 0 and the other weights are
   those of the row without it.

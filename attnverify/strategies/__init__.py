@@ -22,7 +22,7 @@ Each tensor strategy has a deterministic builder (``logit_rows`` → :func:`buil
 the record's structural fields; :func:`repro` prints the one-line call that rebuilds a record. The
 same seed gives the same tensor on the same device type (CPU and CUDA generators differ).
 
-Inputs are constructed to satisfy a theorem's hypotheses (THEORY.md), never filtered with
+Inputs are constructed to satisfy a theorem's hypotheses (docs/THEORY.md), never filtered with
 ``assume``.
 
 The package is split by concern, every public name re-exported here (``attnverify.strategies.X``

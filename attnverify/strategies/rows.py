@@ -367,7 +367,7 @@ def _bounded_extremes(c: _Ctx) -> torch.Tensor:
 
 
 def _bounded_peak(c: _Ctx) -> torch.Tensor:
-    """One logit ``+a``, the rest ``-a`` (the fixed-margin peak of THEORY.md §2)."""
+    """One logit ``+a``, the rest ``-a`` (the fixed-margin peak of docs/THEORY.md §2)."""
     x = torch.full((c.batch, c.length), -c.scale, device=c.device, dtype=_work(c.device))
     return x.scatter(1, _positions(c, 1), c.scale)
 
