@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -20,7 +22,9 @@ DESCRIPTION = (
     "Reproduce the papers' experiments on a Hugging Face causal LM: distance vs length (Alg. 1), "
     "distance vs top-N (Alg. 2), critical top-N (Alg. 3), separability (Alg. 4), gradient "
     "sensitivity (Alg. 5) and rank collapse (paper B). Writes results.json, report.md and PNG "
-    "figures into --out. Exit 0 when the run completes, 2 for bad input."
+    "figures into --out. Exit 0 when the run completes, 1 when a --normalizers target failed "
+    "(raised, even SystemExit, or gave no weights: its columns are left out, the rest is "
+    "written), 2 for bad input, 130 on Ctrl-C (finished experiments stay checkpointed)."
 )
 
 
@@ -144,20 +148,98 @@ def _explicit(args: argparse.Namespace) -> dict:
     if args.collapse_lambdas is not None:
         out["collapse_lambdas"] = cfg.parse_float_list(args.collapse_lambdas, "--collapse-lambdas")
     if args.temperature_points is not None:
-        if args.temperature_points < 2:
-            raise UsageError("--temperature-points must be at least 2")
-        out["temperatures"] = cfg.log_grid(1e-3, 10.0, args.temperature_points)
+        out["temperatures"] = cfg.parse_temperature_points(args.temperature_points)
     return out
 
 
 def run(args: argparse.Namespace) -> int:
-    """Execute ``attnverify empirical``; bad input raises :class:`UsageError` (exit 2)."""
+    """Execute ``attnverify empirical``; bad input raises :class:`UsageError` (exit 2).
+
+    Every option is checked, the packages the run needs are imported and ``--out`` is made
+    before the model loads. Ctrl-C returns 130 with the finished experiments' checkpoints kept.
+    """
+    config = config_from_args(args)
+    cfg.validate_settings(config)
+    _require_packages(config)
+    out = Path(config.out)
+    created = _prepare_out(out)
     from attnverify.empirical.pipeline import run as run_pipeline
 
-    config = config_from_args(args)
-    document = run_pipeline(config)
+    try:
+        document = run_pipeline(config)
+    except KeyboardInterrupt:
+        print(f"attnverify empirical: interrupted; finished experiments are kept in "
+              f"{out / 'checkpoints'} (run again with --resume to reuse them)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except UsageError:
+        _remove_empty(out, created)
+        raise
     _summary(document, config.out)
-    return 0
+    for failure in document.get("failed_normalizers", []):
+        print(f"attnverify empirical: normalizer {failure['id']!r} failed in "
+              f"{failure['reason']}; its columns are left out", file=sys.stderr)
+    return 1 if document.get("failed_normalizers") else 0
+
+
+#: Exit status after Ctrl-C (128 + SIGINT), as the main CLI.
+EXIT_INTERRUPTED = 130
+
+
+def _require_packages(config: cfg.RunConfig) -> None:
+    """Import what the run needs now, so a missing package is one line, not a traceback later
+    (matplotlib is optional: without it the run writes no figures)."""
+    needed = ["tqdm.auto"]
+    if set(config.experiments) & set(cfg.PAPER_A_EXPERIMENTS):
+        needed.append("transformers")
+    for name in needed:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise UsageError(f"the model check needs {name.split('.')[0]} ({exc}): "
+                             "pip install 'attnverify[models,plots]'") from None
+
+
+def _prepare_out(out: Path) -> Path | None:
+    """Check ``--out`` and create it; returns the top-most folder created (None if it existed).
+
+    ``--out`` must be a directory or a path that can be made one, and the files the run writes
+    there must not be directories: checked before the model loads, not after the run.
+    """
+    if out.exists() or out.is_symlink():
+        if not out.is_dir():
+            raise UsageError(f"--out {str(out)!r} exists and is not a directory")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise UsageError(f"--out {str(out)!r} is not writable")
+        for name in ("results.json", "report.md"):
+            if (out / name).is_dir():
+                raise UsageError(f"--out {str(out)!r}: {name} there is a directory")
+        checkpoints = out / "checkpoints"
+        if (checkpoints.exists() or checkpoints.is_symlink()) and not checkpoints.is_dir():
+            raise UsageError(f"--out {str(out)!r}: checkpoints there is not a directory")
+        return None
+    top = out
+    while not top.parent.exists() and top.parent != top:
+        top = top.parent
+    try:
+        out.mkdir(parents=True)
+    except OSError as exc:
+        raise UsageError(f"--out {str(out)!r} cannot be created: {exc.strerror or exc}") from None
+    return top
+
+
+def _remove_empty(out: Path, created: Path | None) -> None:
+    """Remove the folders :func:`_prepare_out` made, when the run stopped before writing."""
+    if created is None:
+        return
+    folder = out
+    while True:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        if folder == created:
+            return
+        folder = folder.parent
 
 
 def _summary(document: dict, out: Path) -> None:
@@ -170,20 +252,31 @@ def _summary(document: dict, out: Path) -> None:
           f"{out}/report.md and {len(document.get('figures', {}))} figure(s)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors raised as :class:`UsageError` (one line, exit 2)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnverify.empirical",
-                                     description=DESCRIPTION)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
+    """``python -m attnverify.empirical``: exit 0 done, 2 bad input, 130 interrupted."""
     try:
-        return run(args)
+        parser = _Parser(prog="python -m attnverify.empirical", description=DESCRIPTION)
+        add_arguments(parser)
+        return run(parser.parse_args(argv))
     except UsageError as exc:
         print(f"attnverify empirical: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("attnverify empirical: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _parse_normalizers(text):
     """Resolved lazily: the normalizers (and torch) load only when a run starts."""
     from attnverify.empirical.targets import parse_normalizers
 
+    if text and text.strip() and not any(item.strip() for item in text.split(",")):
+        raise UsageError(f"--normalizers={text!r} names no normalizer")
     return parse_normalizers(text)

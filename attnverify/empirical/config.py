@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,13 @@ from attnverify.errors import UsageError
 
 #: Keys whose inclusion in I_N is enumerated exactly by the Monte-Carlo E (2³ = 8 strata).
 HEAVY_KEYS = 3
+
+#: Largest ``--seed``: the experiments derive generator seeds as ``seed * 1000 + salt``, which
+#: must stay within torch's 64-bit seed range.
+MAX_SEED = 2**32 - 1
+#: Largest ``--threads`` and ``--temperature-points`` accepted (beyond any sensible run).
+MAX_THREADS = 1024
+MAX_TEMPERATURE_POINTS = 10_000
 
 #: Paper A's five algorithms, in the paper's order, then paper B's rank-collapse check.
 PAPER_A_EXPERIMENTS = (
@@ -118,6 +126,9 @@ def parse_experiments(text: str | None) -> tuple[str, ...]:
     if text is None or text.strip() in ("", "all"):
         return EXPERIMENTS
     names = [item.strip() for item in text.split(",") if item.strip()]
+    if not names:
+        raise UsageError(f"--experiments={text!r} names no experiment: expected 'all' or a "
+                         f"comma-separated list of {', '.join(EXPERIMENTS)}")
     unknown = [name for name in names if name not in EXPERIMENTS and name != "all"]
     if unknown:
         raise UsageError(
@@ -140,13 +151,22 @@ def parse_int_list(text: str, flag: str) -> tuple[int, ...]:
 
 
 def parse_float_list(text: str, flag: str) -> tuple[float, ...]:
+    """Comma-separated positive finite numbers (nan, inf, 0 and negatives are exit 2)."""
     try:
         values = tuple(float(item) for item in text.split(",") if item.strip())
     except ValueError:
         raise UsageError(f"{flag} expects comma-separated numbers, got {text!r}") from None
-    if not values or min(values) <= 0:
-        raise UsageError(f"{flag} expects positive numbers, got {text!r}")
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise UsageError(f"{flag} expects positive finite numbers, got {text!r}")
     return values
+
+
+def parse_temperature_points(points: int) -> tuple[float, ...]:
+    """``--temperature-points``: the log-T grid 1e-3 … 10 of Alg. 5."""
+    if not 2 <= points <= MAX_TEMPERATURE_POINTS:
+        raise UsageError(f"--temperature-points must lie in 2 … {MAX_TEMPERATURE_POINTS}, "
+                         f"got {points}")
+    return log_grid(1e-3, 10.0, points)
 
 
 def lengths(config: RunConfig, max_length: int) -> tuple[int, ...]:
@@ -161,7 +181,24 @@ def lengths(config: RunConfig, max_length: int) -> tuple[int, ...]:
 
 
 def validate_settings(config: RunConfig) -> None:
-    """Checks that need no model: positive sizes and N small enough for the lengths asked."""
+    """Checks that need no model: positive sizes, seeds and threads in range, the experiments
+    and number lists non-empty and finite. Every option is checked here or in a ``parse_*``."""
+    if not config.experiments:
+        raise UsageError("--experiments names no experiment")
+    if not 0 <= config.seed <= MAX_SEED:
+        raise UsageError(f"--seed must lie in 0 … {MAX_SEED} (2**32 - 1), got {config.seed}")
+    if config.threads is not None and not 1 <= config.threads <= MAX_THREADS:
+        raise UsageError(f"--threads must lie in 1 … {MAX_THREADS}, got {config.threads}")
+    if config.max_length is not None:
+        _positive(config.max_length, "--max-length")
+    _positive(config.topn, "--topn")
+    _positive(config.separability_max_n, "--separability-max-n")
+    _positive(config.collapse_seeds, "--collapse-seeds")
+    for values, flag in ((config.topn_list, "--topn-list"), (config.epsilons, "--epsilons"),
+                         (config.collapse_lambdas, "--collapse-lambdas"),
+                         (config.temperatures, "--temperature-points")):
+        if not values or not all(math.isfinite(v) and v > 0 for v in values):
+            raise UsageError(f"{flag}: expected positive finite values, got {list(values)}")
     _positive(config.windows, "--windows")
     _positive(config.rows_per_length, "--rows-per-length")
     _positive(config.mc_draws, "--mc-draws")
@@ -173,10 +210,14 @@ def validate_settings(config: RunConfig) -> None:
         raise UsageError(
             f"--max-length={config.max_length} is smaller than --min-length={config.min_length}"
         )
-    if not 0 < config.critical_max_fraction <= 0.5:
-        raise UsageError("--critical-max-fraction must lie in (0, 0.5]")
-    if config.device not in ("cpu", "cuda") and not config.device.startswith("cuda:"):
-        raise UsageError(f"--device={config.device!r}: expected cpu or cuda")
+    if not 0 < config.critical_max_fraction <= 0.5:  # also false for nan
+        raise UsageError(
+            f"--critical-max-fraction must lie in (0, 0.5], got {config.critical_max_fraction}"
+        )
+    if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", config.device):
+        raise UsageError(f"--device={config.device!r}: expected cpu, cuda or cuda:N")
+    if not config.model.strip():
+        raise UsageError("--model is empty")
 
 
 def validate_against(config: RunConfig, max_length: int, context: int, model: str) -> None:

@@ -38,12 +38,24 @@ def run(config: cfg.RunConfig) -> dict:
     store = CheckpointStore(Path(config.out))
     prints = {e: _fingerprint(config, e, text) for e in config.experiments}
     results = _resumed(config, store, prints)
+    failed = _failures(results)
     pending = [e for e in config.experiments if e not in results]
+    working = [w for w in weightings if w.id not in failed]
     with _numerics(config):
-        meta, ctx = _prepare(config, store, text, weightings, needs_model, pending)
+        meta, ctx = _prepare(config, store, text, working, needs_model, pending)
         for name in pending:
-            results[name] = _run_one(name, ctx, store, prints[name])
-    return _finish(config, meta, results, text, weightings)
+            results[name] = _run_one(name, ctx, store, prints[name], failed)
+    return _finish(config, meta, results, text, weightings, failed)
+
+
+def _failures(results: dict) -> dict[str, str]:
+    """Normalizers that failed in an earlier (resumed) experiment: ``{id: reason}``."""
+    failed: dict[str, str] = {}
+    for result in results.values():
+        found = result.get("failed_normalizers")
+        if isinstance(found, dict):
+            failed.update({str(k): str(v) for k, v in found.items()})
+    return failed
 
 
 def _check_device(device: str) -> None:
@@ -158,9 +170,19 @@ def _model_meta(loaded, max_length, config, load_s, extract_s) -> dict:
     }
 
 
-def _run_one(name: str, ctx: Context, store: CheckpointStore, print_: str) -> dict:
+def _run_one(name: str, ctx: Context, store: CheckpointStore, print_: str, failed: dict) -> dict:
+    """Run one experiment; a normalizer that fails is recorded in ``failed``, dropped for the
+    rest of the run, and the experiment is run again without it."""
     start = time.perf_counter()
-    result = RUNNERS[name](ctx)
+    while True:
+        try:
+            result = RUNNERS[name](ctx)
+            break
+        except targets.NormalizerFailure as exc:
+            failed[exc.normalizer] = f"{name}: {exc.reason}"
+            ctx.weightings = [w for w in ctx.weightings if w.id != exc.normalizer]
+    if failed:
+        result["failed_normalizers"] = dict(failed)
     result["seconds"] = time.perf_counter() - start
     store.save(name, print_, result)
     return result
@@ -176,7 +198,7 @@ def _bar_factory(config: cfg.RunConfig):
     return make
 
 
-def _finish(config, meta, results, text, weightings) -> dict:
+def _finish(config, meta, results, text, weightings, failed) -> dict:
     from attnverify.empirical.comparison import paper_comparison
     from attnverify.empirical.figures import write_figures
     from attnverify.empirical.report import write_report
@@ -188,15 +210,26 @@ def _finish(config, meta, results, text, weightings) -> dict:
         "model": meta,
         "text": _text_meta(text),
         "settings": cfg.numeric_settings(config),
-        "normalizers": [{"id": w.id, "space": w.space, "source": w.source} for w in weightings],
+        "normalizers": [{"id": w.id, "space": w.space, "source": w.source}
+                        for w in weightings if w.id not in failed],
+        "failed_normalizers": [{"id": k, "reason": v} for k, v in failed.items()],
         "environment": _environment(config),
-        "experiments": {e: results[e] for e in config.experiments if e in results},
+        "experiments": {e: _without(results[e], failed) for e in config.experiments
+                        if e in results},
     }
     document["paper_comparison"] = paper_comparison(document)
     document["figures"] = write_figures(document, out)
     write_json_atomic(out / "results.json", document)
     write_report(document, out / "report.md")
     return document
+
+
+def _without(result: dict, failed: dict) -> dict:
+    """A result without the columns of normalizers that failed somewhere in the run."""
+    columns = result.get("normalizers")
+    if not failed or not isinstance(columns, dict):
+        return result
+    return {**result, "normalizers": {k: v for k, v in columns.items() if k not in failed}}
 
 
 def _text_meta(text: Text | None) -> dict | None:

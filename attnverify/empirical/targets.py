@@ -58,18 +58,46 @@ def resolve(names: tuple[str, ...]) -> list[Weighting]:
 
     out = [model_weighting()]
     for name in names:
-        spec = load_target(name)
-        out.append(Weighting(name, _bind(spec), spec.space, spec.source))
+        try:
+            spec = load_target(name)
+        except (UsageError, KeyboardInterrupt):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - sys.exit at import is the target's fault
+            raise UsageError(f"--normalizers {name!r}: loading it raised {_what(exc)}") from None
+        out.append(Weighting(name, _bind(spec, name), spec.space, spec.source))
     return out
 
 
-def _bind(spec) -> Callable[[torch.Tensor], torch.Tensor]:
+class NormalizerFailure(Exception):
+    """A normalizer raised (``SystemExit`` included) or returned no weights of the scores'
+    shape; the run drops it and goes on with the others (see ``pipeline``)."""
+
+    def __init__(self, normalizer: str, reason: str) -> None:
+        super().__init__(f"normalizer {normalizer!r} failed: {reason}")
+        self.normalizer = normalizer
+        self.reason = reason
+
+
+def _what(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _bind(spec, name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """In-process guard: a ``BaseException`` other than Ctrl-C becomes a
+    :class:`NormalizerFailure`. A hang or a hard crash (segfault) is not isolated here."""
+
     def fn(scores: torch.Tensor) -> torch.Tensor:
-        weights = spec(scores, dim=-1)
+        try:
+            weights = spec(scores, dim=-1)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - SystemExit from a target is a failure
+            raise NormalizerFailure(name, _what(exc)) from None
         if not isinstance(weights, torch.Tensor) or weights.shape != scores.shape:
-            raise UsageError(
-                f"normalizer {spec.id!r} returned {type(weights).__name__} of shape "
-                f"{getattr(weights, 'shape', None)} for scores of shape {tuple(scores.shape)}"
+            raise NormalizerFailure(
+                name, f"returned {type(weights).__name__} of shape "
+                f"{tuple(getattr(weights, 'shape', ()))} for scores of shape {tuple(scores.shape)}"
             )
         return weights
 
