@@ -153,13 +153,16 @@ def softpick(
 
     Output: the sub-simplex with exact zeros (keys with z ≤ 0 get 0; rows sum to at most 1).
     Computed max-shifted by ``m = max(0, max z)``: numerator and denominator are multiplied by
-    ``e^{−m}``, so ``e^{z−m} − e^{−m}`` never overflows. Masked keys are left out of the
-    denominator (a plain port adds |0 − 1| = 1 per masked key). Source: Zuhri et al. 2025,
-    arXiv:2504.20966.
+    ``e^{−m}``, so ``e^{z−m} − e^{−m}`` never overflows; for |z| < 1 the term is
+    ``e^{−m}·expm1(z)``, since ``e^z − 1`` cancels there (tiny bfloat16 scores lost every digit).
+    Masked keys are left out of the denominator (a plain port adds |0 − 1| = 1 per masked key).
+    Source: Zuhri et al. 2025, arXiv:2504.20966.
     """
     x = prepare(scores, temperature)
     m = row_max(x, dim).clamp_min(0.0)
-    shifted = torch.exp(x - m) - torch.exp(-m)
+    near = x.abs() < 1.0
+    small = torch.exp(-m) * torch.expm1(torch.where(near, x, torch.zeros_like(x)))
+    shifted = torch.where(near, small, torch.exp(x - m) - torch.exp(-m))
     shifted = torch.where(masked(x), torch.zeros_like(x), shifted)
     den = shifted.abs().sum(dim=dim, keepdim=True) + eps * torch.exp(-m)
     return finish(torch.relu(shifted) / den, scores)
