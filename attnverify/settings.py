@@ -1,7 +1,8 @@
 """Environment switches of the fused softmax, parsed in one place and without importing torch.
 
-- ``ATTNVERIFY_FUSED``: ``1``/``on`` (default) or ``0``/``off`` — whether the built-in softmax
-  may run the fused CPU kernel (:mod:`attnverify.normalizers.fused`);
+- ``ATTNVERIFY_FUSED``: ``1``/``on`` (default) or ``0``/``off`` — whether the ``softmax_fused``
+  target may run the fused CPU kernel (:mod:`attnverify.normalizers.fused`); off, it runs the
+  built-in softmax's ``torch.softmax`` path;
 - ``ATTNVERIFY_FUSED_ISA``: ``scalar``, ``avx2`` or ``avx512`` — force one instruction set (unset:
   the best the CPU has).
 

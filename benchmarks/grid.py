@@ -35,6 +35,7 @@ BUILTIN_IDS = (
     "softmax1",
     "relu_norm",
     "dagpam",
+    "softmax_fused",
 )
 
 #: The user's normalizer, named by ``ATTNVERIFY_BENCH_TARGET`` (skipped when unset).
@@ -43,9 +44,12 @@ TARGET = "target"
 #: Peer implementations measured in the same run (skipped when the package is missing).
 PEERS = ("torch.softmax", "entmax.sparsemax", "entmax.entmax15", "entmax.entmax_bisect")
 
-#: Which peer each built-in is compared with (ours / theirs in compare_peers.py).
+#: Which peer each built-in is compared with (ours / theirs in compare_peers.py). ``softmax``
+#: runs on ``torch.softmax`` (its cost is the fully-masked-row policy); ``softmax_fused`` is
+#: attnverify's own CPU kernel, measured against the same peer as any user's fast kernel is.
 PEER_OF = {
     "softmax": "torch.softmax",
+    "softmax_fused": "torch.softmax",
     "sparsemax": "entmax.sparsemax",
     "entmax15": "entmax.entmax15",
     "entmax_alpha": "entmax.entmax_bisect",

@@ -105,6 +105,7 @@ REFERENCES = {
     "softmax1": ref_softmax1,
     "relu_norm": ref_relu_norm,
     "dagpam": ref_dagpam,
+    "softmax_fused": ref_softmax,  # the fused kernel: softmax's map (tests/test_fused.py)
 }
 IDS = list(BUILTINS)
 

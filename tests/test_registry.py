@@ -25,7 +25,7 @@ USER_FILE = str(FIXTURES / "user_normalizers.py")
 def test_builtin_ids_are_the_twelve():
     assert builtin_ids() == [
         "softmax", "sparsemax", "entmax15", "entmax_alpha", "ssmax", "sa_softmax",
-        "sigmoid", "softpick", "stablemax", "softmax1", "relu_norm", "dagpam",
+        "sigmoid", "softpick", "stablemax", "softmax1", "relu_norm", "dagpam", "softmax_fused",
     ]
 
 

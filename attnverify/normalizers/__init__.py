@@ -17,6 +17,7 @@ from attnverify.normalizers.dense import (
     stablemax_ds,
     stablemax_s,
 )
+from attnverify.normalizers.fused import softmax_fused
 from attnverify.normalizers.sparse import entmax15, entmax_alpha, sparsemax
 from attnverify.spec import Kernel, NormalizerSpec
 
@@ -30,6 +31,7 @@ __all__ = [
     "sigmoid",
     "softmax",
     "softmax1",
+    "softmax_fused",
     "softpick",
     "sparsemax",
     "ssmax",
@@ -53,22 +55,26 @@ STABLEMAX_KERNEL = Kernel(
 
 T = {"temperature": 1.0}
 
+SOFTMAX_CLAIMS = (
+    SIMPLEX_BASE
+    + SIMPLEX_PAPER
+    + (
+        "lemma1_weight_bounds",
+        "cor1_softmax_weight_bounds",
+        "lemma2_jacobian",
+        "cor3_entrywise",
+        "jacobian_spectral_half",
+        "fd_gradient",
+        "lemma3_l1_uniform",
+    )
+)
+
 _SPECS = [
     NormalizerSpec(
         id="softmax",
         fn=softmax,
         params=T,
-        claims=SIMPLEX_BASE
-        + SIMPLEX_PAPER
-        + (
-            "lemma1_weight_bounds",
-            "cor1_softmax_weight_bounds",
-            "lemma2_jacobian",
-            "cor3_entrywise",
-            "jacobian_spectral_half",
-            "fd_gradient",
-            "lemma3_l1_uniform",
-        ),
+        claims=SOFTMAX_CLAIMS,
         space="simplex",
         kernel=EXP_KERNEL,
         citation="softmax with temperature; Mudarisov et al. 2025, arXiv:2508.17821",
@@ -171,6 +177,19 @@ _SPECS = [
         ),
         space="affine",
         citation="daGPAM, Heo & Choi, arXiv:2410.15578 (single-row form, docs/THEORY.md §6)",
+    ),
+    # Not a normalizer of its own: attnverify's fused float32 CPU softmax kernel, a target like
+    # a user's fast kernel, certified against the built-in softmax (its reference).
+    NormalizerSpec(
+        id="softmax_fused",
+        fn=softmax_fused,
+        params=T,
+        claims=SOFTMAX_CLAIMS + ("matches_reference",),
+        space="simplex",
+        kernel=EXP_KERNEL,
+        reference=softmax,
+        citation="attnverify's fused float32 CPU softmax (normalizers/_fused.c); "
+        "certified against the built-in softmax",
     ),
 ]
 

@@ -7,11 +7,9 @@ dtype; see :mod:`attnverify.normalizers.rows` for the masking and precision conv
 from __future__ import annotations
 
 import math
-from functools import partial
 
 import torch
 
-from attnverify.normalizers import fused
 from attnverify.normalizers.rows import (
     NEG_INF,
     check_temperature,
@@ -33,29 +31,17 @@ def softmax(scores: torch.Tensor, dim: int = -1, temperature: float = 1.0) -> to
     Mudarisov et al. 2025 (arXiv:2508.17821) with ``F = exp(l/T)``, so Lemma 1, Corollary 1,
     Lemma 2 and the corrected Corollary 3 apply.
 
-    Float32 on the CPU (last dimension, contiguous) runs the fused kernel of
-    :mod:`attnverify.normalizers.fused` (the same values to float32 rounding, in 0.41× the time of
-    ``torch.softmax`` at 96 × 4096, ``docs/benchmarks/cpu-latest.md``); everything else runs
-    ``torch.softmax`` (max-shifted; half types accumulate in float32 inside the kernel). Both
-    apply a temperature after the shift, ``(z − max z)/T`` (see :func:`_softmax_reference`). A
-    fully masked row, where ``torch.softmax`` gives NaN, returns zeros: only such rows are
-    recomputed, found from the first column, so the common path costs one kernel.
-    """
-    check_temperature(temperature)
-    reference = partial(_softmax_reference, dim=dim, temperature=temperature)
-    y = fused.softmax_lastdim(scores, dim, temperature, reference)
-    return reference(scores) if y is None else y
-
-
-def _softmax_reference(scores: torch.Tensor, dim: int, temperature: float) -> torch.Tensor:
-    """:func:`softmax` on ``torch.softmax``: the path for everything the fused kernel skips.
-
-    With a temperature the row maximum is subtracted before dividing, ``(z − max z)/T``: the
-    same values as ``z/T`` up to the shift softmax ignores, but large scores neither overflow
+    Runs ``torch.softmax`` (max-shifted; half types accumulate in float32 inside it). With a
+    temperature the row maximum is subtracted before dividing, ``(z − max z)/T``: the same
+    values as ``z/T`` up to the shift softmax ignores, but large scores neither overflow
     (``−3e38/0.5`` is ``−inf`` in float32) nor lose their differences to the rounding of
     ``z/T``. The shift is detached (softmax's gradient does not see it) and is 0 for a row
-    without a finite maximum, so masked, NaN and +inf rows keep their meaning.
+    without a finite maximum, so masked, NaN and +inf rows keep their meaning. A fully masked
+    row, where ``torch.softmax`` gives NaN, returns zeros: only such rows are recomputed, found
+    from the first column, so the common path costs one kernel. The fused CPU kernel is a
+    separate target, ``softmax_fused`` (:mod:`attnverify.normalizers.fused`).
     """
+    check_temperature(temperature)
     x = scores
     if temperature != 1.0:
         x = prepare(scores)

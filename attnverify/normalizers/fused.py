@@ -1,21 +1,34 @@
-"""The fused CPU softmax: when it runs, and its autograd.
+"""``softmax_fused``: softmax on attnverify's own fused CPU kernel, a target like any user's.
 
 ``attnverify.normalizers._fused`` (``_fused.c``, built at install time, optional) computes a
-float32 softmax over the last dimension in three passes with a vectorised polynomial exp. On the
-benchmark machine it took 2.11× the time of a same-size copy, where ``torch.softmax`` took 5.1×
-(``docs/benchmarks/cpu-latest.md``); its error against float64 is no larger than
-``torch.softmax``'s (``tests/test_fused.py``).
+float32 softmax over the last dimension in three passes with a vectorised polynomial exp. It is
+not the reference path: the built-in ``softmax`` runs ``torch.softmax``
+(:mod:`attnverify.normalizers.dense`), and ``softmax_fused`` is certified against it
+(``matches_reference``) and benchmarked against ``torch.softmax`` like any user's fast kernel
+(``benchmarks/compare_peers.py``, ``docs/benchmarks/cpu-latest.md``).
 
-:func:`softmax_lastdim` returns ``None`` whenever the kernel does not apply, and the caller then
-uses ``torch.softmax``. It applies to a contiguous float32 CPU tensor (a plain tensor or a
-Parameter, not another subclass), softmax over its last dimension, outside ``torch.func``
-transforms, torch function or dispatch modes, ``torch.compile`` and ``torch.jit.trace``. With
-autograd the forward is the kernel and the backward is ``torch``'s own softmax backward, which
-is differentiable, so double backward works; forward-mode AD has a ``jvp``.
+:func:`softmax_fused` has ``softmax``'s contract: ``softmax((z − max z)/T)`` over ``dim``, a
+masked key gives exactly 0 and a fully masked row gives zeros. The kernel runs on a contiguous
+float32 CPU tensor (a plain tensor or a Parameter, not another subclass), softmax over its last
+dimension; everything else, and every row holding NaN or +inf, runs ``softmax``'s torch path.
+
+Only public torch API. The kernel is a torch operator, ``torch.ops.attnverify.softmax_fused``
+(defined with :mod:`torch.library`, with a Meta implementation for fake tensors), so dispatch
+modes (``FlopCounterMode``, ``make_fx``, fake tensors) see an operator call instead of a hidden C
+call. Its autograd is a :class:`torch.autograd.Function` whose backward is the softmax formula
+``y ⊙ (g − Σ g⊙y) / T`` in plain torch ops (so double backward works) and whose ``jvp`` serves
+forward-mode AD. Inputs the kernel must not see go to the torch path instead: a torch function
+mode or subclass (``torch.overrides.has_torch_function``), a tensor without plain memory
+(``data_ptr()`` fails for ``torch.func``'s wrapped tensors and is 0 for a zero tensor), a
+negated view (``is_neg()``), ``torch.compile`` and ``torch.jit.trace``. The one thing outside
+torch's API is the OpenMP runtime: the extension links ``libgomp.so.1`` and torch is imported
+first, so with torch's wheel (which ships its libgomp under that soname) both share one runtime
+and thread pool; with a torch that renames its libgomp the results are the same and a second
+thread pool exists (a performance matter only).
 
 Environment:
 
-- ``ATTNVERIFY_FUSED=0`` turns the kernel off (everything runs on ``torch.softmax``);
+- ``ATTNVERIFY_FUSED=0`` turns the kernel off (``softmax_fused`` then runs the torch path);
 - ``ATTNVERIFY_FUSED_ISA=scalar|avx2|avx512`` forces an instruction set (tests use it to cover
   every path on one machine); asking for one the CPU lacks is an error at first use.
 
@@ -29,6 +42,8 @@ import torch
 from torch.autograd import forward_ad
 
 from attnverify import settings
+from attnverify.normalizers import dense
+from attnverify.normalizers.rows import check_temperature
 
 #: The kernel build this module expects; ``_fused.c``'s ``KERNEL_VERSION``.
 KERNEL_VERSION = 3
@@ -70,15 +85,28 @@ def available() -> bool:
     return _ext is not None and settings.fused_enabled()
 
 
+def softmax_fused(scores: torch.Tensor, dim: int = -1, temperature: float = 1.0) -> torch.Tensor:
+    """Softmax with temperature on attnverify's fused float32 CPU kernel (``_fused.c``).
+
+    The same map as the built-in ``softmax`` (certified against it): ``softmax((z − max z)/T)``,
+    masked keys 0, a fully masked row zeros. Contiguous float32 CPU scores, last dimension, run
+    the kernel; everything else runs ``softmax``'s ``torch.softmax`` path.
+    """
+    check_temperature(temperature)
+    y = softmax_lastdim(scores, dim, temperature)
+    return dense.softmax(scores, dim, temperature) if y is None else y
+
+
 #: Tensor types whose memory is what their values say (a Parameter is a plain tensor too).
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _eligible(x: torch.Tensor, dim: int) -> bool:
     """Plain memory the kernel can read as rows, and nothing that expects to see torch ops: no
-    subclass (FakeTensor, …), no ``torch.func`` transform, no function or dispatch mode (a
-    FlopCounterMode, a tracer) active. (Cheapest tests first: this runs on every call.)"""
-    return (
+    subclass (FakeTensor, …) or torch function mode, no ``torch.func`` wrapper (its
+    ``data_ptr()`` raises), no zero tensor (``data_ptr()`` is 0). Public API only; the cheapest
+    tests first, since this runs on every call."""
+    if not (
         type(x) in _PLAIN
         and x.is_cpu
         and x.dtype is torch.float32
@@ -87,15 +115,17 @@ def _eligible(x: torch.Tensor, dim: int) -> bool:
         and dim in (-1, x.dim() - 1)
         and x.is_contiguous()
         and not x.is_neg()
-        and not x._is_zerotensor()  # no memory behind it (data_ptr() is 0)
-        and not torch._C._are_functorch_transforms_active()
-        and torch._C._len_torch_function_stack() == 0
-        and torch._C._len_torch_dispatch_stack() == 0
-    )
+        and not torch.overrides.has_torch_function((x,))
+    ):
+        return False
+    try:
+        return x.data_ptr() != 0
+    except RuntimeError:  # a tensor without storage: torch.func's wrappers
+        return False
 
 
-def _run(x: torch.Tensor, temperature: float, reference) -> torch.Tensor:
-    """The kernel's output; ``reference(x)`` instead when a row holds NaN or +inf."""
+def _run(x: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The kernel's output; the torch path's instead when a row holds NaN or +inf."""
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     n = x.shape[-1]
     left = _ext.softmax_f32(
@@ -107,15 +137,24 @@ def _run(x: torch.Tensor, temperature: float, reference) -> torch.Tensor:
         torch.get_num_threads(),
         settings.fused_isa(),  # 0: the kernel picks the best the CPU has
     )
-    return reference(x) if left else y
+    return dense.softmax(x, -1, temperature) if left else y
+
+
+#: ``torch.ops.attnverify.softmax_fused(x, temperature)``: the kernel as a torch operator.
+_LIB = None
+if _ext is not None:
+    _LIB = torch.library.Library("attnverify", "FRAGMENT")
+    _LIB.define("softmax_fused(Tensor x, float temperature) -> Tensor")
+    _LIB.impl("softmax_fused", _run, "CPU")
+    _LIB.impl("softmax_fused", lambda x, temperature: torch.empty_like(x), "Meta")
 
 
 class _FusedSoftmax(torch.autograd.Function):
-    """Forward: the kernel. Backward: ``torch``'s softmax backward (itself differentiable)."""
+    """Forward: the kernel's operator. Backward and ``jvp``: softmax's derivative in torch ops."""
 
     @staticmethod
-    def forward(x: torch.Tensor, temperature: float, reference) -> torch.Tensor:
-        return _run(x, temperature, reference)
+    def forward(x: torch.Tensor, temperature: float) -> torch.Tensor:
+        return torch.ops.attnverify.softmax_fused(x, temperature)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -126,23 +165,23 @@ class _FusedSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (y,) = ctx.saved_tensors
-        g = torch._softmax_backward_data(grad, y, -1, torch.float32)
-        return (g if ctx.temperature == 1.0 else g / ctx.temperature), None, None
+        g = y * (grad - (grad * y).sum(dim=-1, keepdim=True))
+        return (g if ctx.temperature == 1.0 else g / ctx.temperature), None
 
     @staticmethod
-    def jvp(ctx, dx: torch.Tensor, _t, _r):
+    def jvp(ctx, dx: torch.Tensor, _t):
         (y,) = ctx.saved_tensors
         t = dx if ctx.temperature == 1.0 else dx / ctx.temperature
         return y * (t - (y * t).sum(dim=-1, keepdim=True))
 
 
-def softmax_lastdim(x: torch.Tensor, dim: int, temperature: float, reference):
+def softmax_lastdim(x: torch.Tensor, dim: int, temperature: float):
     """``softmax((x − max x) / temperature)`` over ``dim`` by the kernel, or ``None`` if it does
     not apply.
 
     ``temperature`` must already be checked (positive, finite). A fully masked row gives zeros.
-    If a row holds NaN or +inf the result is ``reference(x)`` (the caller's own path, given the
-    undivided scores), so such inputs behave exactly as without the kernel.
+    If a row holds NaN or +inf the whole result is ``softmax``'s torch path, so such inputs
+    behave exactly as without the kernel.
     """
     if _ext is None or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return None  # torch.softmax is traceable; a C call is a graph break or, for jit.trace, lost
@@ -152,6 +191,7 @@ def softmax_lastdim(x: torch.Tensor, dim: int, temperature: float, reference):
         return None
     if temperature != 1.0 and not _F32_NORMAL <= temperature <= _F32_MAX:
         return None  # not a normal float32: the kernel divides in float32
-    if (x.requires_grad and torch.is_grad_enabled()) or forward_ad._current_level >= 0:
-        return _FusedSoftmax.apply(x, temperature, reference)
-    return _run(x, temperature, reference)
+    dual = forward_ad.unpack_dual(x).tangent is not None
+    if dual or (x.requires_grad and torch.is_grad_enabled()):
+        return _FusedSoftmax.apply(x, temperature)
+    return torch.ops.attnverify.softmax_fused(x, temperature)
