@@ -1,5 +1,7 @@
 /*
- * attnverify.normalizers._fused: a fused float32 softmax over the last dimension (CPU).
+ * attnverify.normalizers._fused: a fused float32 softmax over the last dimension (CPU), the
+ * kernel of the `softmax_fused` target (fused.py registers it as the torch operator
+ * attnverify::softmax_fused). The built-in `softmax`, its reference, runs torch.softmax.
  *
  * Why it exists: torch.softmax on CPU spends most of its time in exp (torch.exp alone measured
  * 8x a same-size copy); on the benchmark machine softmax takes 5.1-6.3x a copy. This kernel
@@ -13,7 +15,7 @@
  *     rounding (x/T - max/T would); the reference path computes the same expression;
  *   - -inf (a masked key) gives exactly 0; a fully masked row gives zeros;
  *   - a row holding NaN or +inf is not computed here: the call returns how many such rows it
- *     met and the caller recomputes the tensor with the reference path.
+ *     met and the caller recomputes the tensor with softmax's torch path.
  * The vector paths sum exp in float32 lanes (32 or 16 partial sums), the portable path in one
  * double, so the three paths can differ by a few ulp; each is tested against float64.
  *
