@@ -348,15 +348,36 @@ class Inequality:
         return math.inf if self._fails(lhs, rhs) else -math.inf
 
     def holds(self, values: Mapping[str, Any], *, rtol: float = 0.0, atol: float = 0.0) -> bool:
-        """Whether ``lhs ≤ rhs + atol + rtol·|rhs|`` (``<`` when strict); NaN never holds."""
+        """Whether ``lhs ≤ rhs + atol + rtol·|rhs|``; strict: ``lhs < rhs − atol − rtol·|rhs|``
+        (the tolerance never lets equality pass a strict inequality: it counts against the
+        claim). NaN never holds."""
         lhs, rhs = (float(v) for v in self.evaluate(values))
-        return not self._fails(lhs, rhs + atol + rtol * abs(rhs))
+        slack = atol + rtol * abs(rhs) if math.isfinite(rhs) else 0.0
+        return not self._fails(lhs, rhs - slack if self.strict else rhs + slack)
+
+    def verdict(self, values: Mapping[str, Any], *, rtol: float = 0.0,
+                atol: float = 0.0) -> str:
+        """``"holds"``, ``"fails"`` or ``"undefined"`` at one point. Undefined: every quantity is
+        a number but a side has none (0·log 0, log or sqrt of a negative, 0/0, ∞ − ∞); that is
+        not a violation. A quantity that is NaN (the normalizer's output) fails."""
+        if any(_is_nan(values[n]) for n in self.names):
+            return "fails"
+        lhs, rhs = (float(v) for v in self.evaluate(values))
+        if math.isnan(lhs) or math.isnan(rhs):
+            return "undefined"
+        return "holds" if self.holds(values, rtol=rtol, atol=atol) else "fails"
 
     def _fails(self, lhs, rhs) -> bool:
         lhs, rhs = float(lhs), float(rhs)
         if math.isnan(lhs) or math.isnan(rhs):
             return True
         return lhs >= rhs if self.strict else lhs > rhs
+
+
+def _is_nan(value: Any) -> bool:
+    if torch.is_tensor(value):
+        return bool(torch.isnan(value).any())
+    return math.isnan(float(value))
 
 
 def parse_expression(text: str, known: Iterable[str]) -> Node:

@@ -8,8 +8,13 @@ Two passes over the same seeded strategy of logit rows (and temperatures):
    to a minimal witness (shortest row, simplest kind, temperature 1). Should that run not meet
    a failure (rare failures), the smallest failing case of the search stands as the witness.
 
-A case fails when ``LHS > RHS + atol + rtol·|RHS|`` with the float64 row of the tolerance table
-(NaN fails). Quantities that need a Jacobian limit the row length (see :data:`JACOBIAN_MAX_L`).
+A case fails when ``LHS > RHS + atol + rtol·|RHS|`` with the float64 row of the tolerance table;
+a strict ``LHS < RHS`` fails when ``LHS ≥ RHS − atol − rtol·|RHS|`` (equality falsifies it: the
+tolerance never counts for a strict claim); a NaN quantity (the normalizer's output) fails.
+Where the expression itself has no value (0·log 0, log of a negative, 0/0) the case is counted as
+*undefined*, not as a failure, and the first such case is reported. Quantities are defined over
+the unmasked keys (:mod:`attnverify.quantities`). ``--params temperature=…`` fixes T for every
+case. Quantities that need a Jacobian limit the row length (see :data:`JACOBIAN_MAX_L`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from attnverify.errors import UsageError
 from attnverify.expr import Inequality, parse_inequality
 from attnverify.quantities import QUANTITIES, evaluate_quantities
 from attnverify.registry import NormalizerSpec
+from attnverify.serialize import encode_tensor, jsonable, number, repro_command
 from attnverify.tolerances import tol_for
 
 F64 = torch.float64
@@ -54,10 +60,12 @@ class Evaluation:
     rhs: float
     ratio: float
     fails: bool
+    undefined: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
             "L": int(self.case.scores.shape[-1]),
+            "masked": int((self.case.scores == -math.inf).sum()),
             "scores": [_num(v) for v in self.case.scores.tolist()],
             "temperature": self.case.temperature,
             "kind": self.case.kind,
@@ -68,6 +76,12 @@ class Evaluation:
             "rhs": _num(self.rhs),
             "ratio": _num(self.ratio),
         }
+
+    def case_json(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The case as ``attnverify repro --inequality`` reads it."""
+        return {"scores": encode_tensor(self.case.scores), "dtype": "float64",
+                "temperature": self.case.temperature, "kind": self.case.kind,
+                "seed": self.case.seed, "params": jsonable(params)}
 
 
 @dataclass
@@ -81,6 +95,9 @@ class FalsifyResult:
     witness: Evaluation | None
     params: dict[str, Any] = field(default_factory=dict)
     error: str = ""
+    #: Cases where the expression had no value (0·log 0, …), and the first of them.
+    undefined: int = 0
+    undefined_example: Evaluation | None = None
 
 
 class _Failed(AssertionError):
@@ -92,6 +109,8 @@ def case_strategy(spec: NormalizerSpec, ctx: Context, ineq: Inequality):
     if ineq.names & ENTRYWISE:
         max_length = min(max_length, JACOBIAN_MAX_L)
     temperature = S.temperatures() if spec.takes_temperature else st.none()
+    if spec.takes_temperature and ctx.temperature is not None:
+        temperature = st.just(ctx.temperature)
     return st.builds(
         lambda rows, t: FalsifyCase(rows.scores[0], t, rows.kind, rows.seed),
         S.logit_rows(min_length=1, max_length=max_length, batch=1, dtypes=(F64,), kinds=KINDS,
@@ -100,10 +119,14 @@ def case_strategy(spec: NormalizerSpec, ctx: Context, ineq: Inequality):
     )
 
 
-def explicit_cases(spec: NormalizerSpec) -> list[FalsifyCase]:
-    """Small adversarial rows every search tries first (ties, a two-way tie, a peak, …)."""
-    t = 1.0 if spec.takes_temperature else None
-    out = []
+def explicit_cases(spec: NormalizerSpec, ctx: Context | None = None) -> list[FalsifyCase]:
+    """Small adversarial rows every search tries first (one key, one key beside a masked one,
+    ties, a two-way tie, a peak, …), at T = 1 or the fixed temperature."""
+    t = None
+    if spec.takes_temperature:
+        t = 1.0 if ctx is None or ctx.temperature is None else ctx.temperature
+    single = S.build_rows("single", length=1, batch=1, dtype=F64, seed=1)
+    out = [FalsifyCase(single.scores[0], t, "single", 1)]
     for length in (2, 3, 8):
         for kind in KINDS:
             if kind == "single":
@@ -118,8 +141,11 @@ def evaluate(spec, ineq: Inequality, case: FalsifyCase, params) -> Evaluation:
     lhs, rhs = ineq.evaluate(values)
     ratio = float(ineq.ratio(values))
     t = tol_for(F64)
-    return Evaluation(case, values, float(lhs), float(rhs), ratio,
-                      not ineq.holds(values, rtol=t.rtol, atol=t.atol))
+    verdict = ineq.verdict(values, rtol=t.rtol, atol=t.atol)
+    if verdict == "undefined":
+        ratio = math.nan  # no value: neither the worst case nor a failure
+    return Evaluation(case, values, float(lhs), float(rhs), ratio, verdict == "fails",
+                      verdict == "undefined")
 
 
 def _settings(examples: int, phases) -> settings:
@@ -133,13 +159,22 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
     """Search for a case where the inequality ``text`` fails (see the module docstring)."""
     ineq = parse_inequality(text, QUANTITIES)
     params = dict(params or {})
+    if params.get("temperature") is not None and ctx.temperature is None:
+        from attnverify.certify import fix_temperature
+
+        ctx = fix_temperature(ctx, params)
     start = time.perf_counter()
     strategy = case_strategy(spec, ctx, ineq)
-    found: dict[str, Any] = {"n": 0, "worst": None, "smallest": None}
+    found: dict[str, Any] = {"n": 0, "worst": None, "smallest": None, "undefined": 0,
+                             "undefined_example": None}
 
     def record(ev: Evaluation) -> None:
         found["n"] += 1
-        if found["worst"] is None or _key(ev) > _key(found["worst"]):
+        if ev.undefined:
+            found["undefined"] += 1
+            found["undefined_example"] = found["undefined_example"] or ev
+        if (found["worst"] is None or _key(ev) > _key(found["worst"])
+                or (found["worst"].undefined and not ev.undefined)):
             found["worst"] = ev
         if ev.fails and (found["smallest"] is None
                          or _size(ev) < _size(found["smallest"])):
@@ -157,7 +192,7 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
             hypothesis.target(max(min(ev.ratio, 1e12), -1e12), label="lhs/rhs")
 
     test = given(strategy)(search)
-    for case in explicit_cases(spec):
+    for case in explicit_cases(spec, ctx):
         test = hypothesis.example(case)(test)
     hypothesis.seed(ctx.seed)(_settings(ctx.max_examples, [Phase.explicit, Phase.generate,
                                                            Phase.target])(test))()
@@ -167,7 +202,8 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
     return FalsifyResult(
         target=label or spec.id, inequality=ineq, falsified=witness is not None,
         examples=found["n"], elapsed_s=time.perf_counter() - start, worst=found["worst"],
-        witness=witness, params=dict(params),
+        witness=witness, params=dict(params), undefined=found["undefined"],
+        undefined_example=found["undefined_example"],
     )
 
 
@@ -200,12 +236,7 @@ def _size(ev: Evaluation) -> tuple[int, float, int]:
 
 
 def _num(v: float) -> Any:
-    v = float(v)
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return v
+    return number(v)
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,11 +262,24 @@ def result_json(res: FalsifyResult, ctx: Context) -> dict[str, Any]:
         "worst_ratio": _num(res.worst.ratio) if res.worst else None,
         "worst_case": res.worst.to_json() if res.worst else None,
         "witness": res.witness.to_json() if res.witness else None,
+        "undefined": res.undefined,
+        "undefined_example": res.undefined_example.to_json() if res.undefined_example else None,
         "repro": repro(res, ctx),
+        "rerun": rerun(res, ctx),
     }
 
 
 def repro(res: FalsifyResult, ctx: Context) -> str:
+    """The witness's repro (:func:`attnverify.serialize.repro_command`): re-evaluates the
+    inequality on the witness and exits 1; without a witness, the search again."""
+    if res.witness is None:
+        return rerun(res, ctx)
+    return repro_command(res.target, res.witness.case_json(res.params),
+                         inequality=res.inequality.text)
+
+
+def rerun(res: FalsifyResult, ctx: Context) -> str:
+    """The command that runs the same search again."""
     params = ",".join(f"{k}={v}" for k, v in res.params.items() if v is not None)
     extra = f" --params {params}" if params else ""
     return (f"attnverify falsify {res.target} \"{res.inequality.text}\"{extra} "
@@ -276,6 +320,11 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
     if res.worst:
         lines.append(f"  worst ratio LHS/RHS found: {res.worst.ratio:.6g} "
                      f"(L={res.worst.case.scores.numel()}, kind {res.worst.case.kind})")
+    if res.undefined_example is not None:
+        u = res.undefined_example
+        vals = ", ".join(f"{k}={v:.6g}" for k, v in u.values.items())
+        lines.append(f"  undefined on {res.undefined} cases (the expression has no value there, "
+                     f"not a violation), e.g. at {vals}")
     lines.append(f"  repro: {repro(res, ctx)}")
     return "\n".join(lines)
 
@@ -288,10 +337,13 @@ def run_falsify_command(args) -> int:
     ctx = make_context(args.profile, max_examples=args.max_examples, seed=args.seed)
     check_writable(args.json_path)
     params = parse_params(args.params)
+    from attnverify.certify import fix_temperature
+
+    ctx = fix_temperature(ctx, params)  # a bad temperature is exit 2, before any work
     spec = load_target(args.target, params)
     parse_inequality(args.inequality, QUANTITIES)  # a usage error before any work
     try:
-        res = falsify(spec, args.inequality, ctx, label=args.target)
+        res = falsify(spec, args.inequality, ctx, label=args.target, params=params)
         res.params = params
     except UsageError:
         raise

@@ -6,12 +6,18 @@ A *case* is a normalizer (a :class:`~attnverify.registry.NormalizerSpec`), one r
 function of the case. Only the quantities an expression names are computed, and each Jacobian is
 built once per case: the Jacobian quantities cost ``O(L²)`` (entry-wise) or a Lanczos run.
 
-Jacobians are of the weights with respect to the unmasked logits, at the case's temperature:
-``J_ik = ∂α_i/∂l_k`` over unmasked ``i, k`` (softmax: ``(diag α − ααᵀ)/T``).
+**Masked rows.** Every quantity is defined over the keys the normalizer attends to: the
+unmasked keys (finite logit). ``L`` counts them, ``a``, the weights, their sums and the entropy
+range over them, and the Jacobians are of the unmasked weights with respect to the unmasked
+logits, ``J_ik = ∂α_i/∂l_k`` (softmax: ``(diag α − ααᵀ)/T``). So a bound written for an unmasked
+row of length ``L`` (Lemma 1: ``max_weight <= exp(2*a/T)/L``) keeps its meaning on a padded row;
+``L_padded`` is the row length with the masked keys. A quantity with no value on a row (``a`` of a
+row with no unmasked key) is NaN there.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -107,8 +113,19 @@ def _unmasked_weights(case: Case) -> Tensor:
     return case.weights[case.unmasked]
 
 
+def _over_unmasked(reduce: Callable[[Tensor], Tensor]) -> Callable[[Case], float]:
+    """``reduce`` of the unmasked weights; NaN on a row with no unmasked key."""
+
+    def compute(case: Case) -> float:
+        w = _unmasked_weights(case)
+        return float(reduce(w)) if w.numel() else math.nan
+
+    return compute
+
+
 def _entropy(case: Case) -> float:
-    w = case.weights[case.weights > 0]
+    w = _unmasked_weights(case)
+    w = w[w > 0]
     return float(-(w * torch.log(w)).sum())
 
 
@@ -122,15 +139,22 @@ def _logit_gap(case: Case) -> float:
 
 def _quantities() -> dict[str, Quantity]:
     q = [
-        Quantity("L", "row length: number of keys, masked ones included", lambda c: len(c.row)),
         Quantity(
-            "n_unmasked", "number of unmasked keys (finite logit)", lambda c: int(c.unmasked.sum())
+            "L",
+            "number of keys the normalizer attends to: unmasked keys (finite logit) only",
+            lambda c: int(c.unmasked.sum()),
+        ),
+        Quantity(
+            "L_padded", "row length with the masked keys (-inf) included", lambda c: len(c.row)
+        ),
+        Quantity(
+            "n_unmasked", "number of unmasked keys (the same as L)", lambda c: int(c.unmasked.sum())
         ),
         Quantity("T", "temperature (1 for a normalizer without one)", lambda c: c.temperature),
         Quantity(
             "a",
             "largest |logit| over the unmasked keys",
-            lambda c: float(c.row[c.unmasked].abs().max()),
+            lambda c: float(c.row[c.unmasked].abs().max()) if bool(c.unmasked.any()) else math.nan,
         ),
         Quantity(
             "logit_gap", "largest unmasked logit minus the second largest (0 if fewer)", _logit_gap
@@ -138,26 +162,32 @@ def _quantities() -> dict[str, Quantity]:
         Quantity(
             "max_weight",
             "largest weight over the unmasked keys",
-            lambda c: float(_unmasked_weights(c).max()),
+            _over_unmasked(torch.max),
         ),
         Quantity(
             "min_weight",
             "smallest weight over the unmasked keys",
-            lambda c: float(_unmasked_weights(c).min()),
+            _over_unmasked(torch.min),
         ),
-        Quantity("sum_weight", "sum of the row's weights", lambda c: float(c.weights.sum())),
+        Quantity(
+            "sum_weight",
+            "sum of the weights of the unmasked keys",
+            lambda c: float(_unmasked_weights(c).sum()),
+        ),
         Quantity(
             "sum_sq_weight",
-            "sum of squared weights, Σα² (Lemma 3: ℓ1 total = 2(1 − Σα²))",
-            lambda c: float((c.weights * c.weights).sum()),
+            "sum of squared unmasked weights, Σα² (Lemma 3: ℓ1 total = 2(1 − Σα²))",
+            lambda c: float((_unmasked_weights(c) ** 2).sum()),
         ),
         Quantity(
-            "entropy", "Shannon entropy −Σ α log α over the positive weights (nats)", _entropy
+            "entropy",
+            "Shannon entropy −Σ α log α over the positive unmasked weights (nats)",
+            _entropy,
         ),
         Quantity(
             "n_support",
-            "number of keys with a nonzero weight",
-            lambda c: int((c.weights != 0).sum()),
+            "number of unmasked keys with a nonzero weight",
+            lambda c: int((_unmasked_weights(c) != 0).sum()),
         ),
         Quantity(
             "lambda",

@@ -63,6 +63,7 @@ def test_two_way_tie_hand_case():
     got = evaluate_quantities(QUANTITIES, SOFTMAX, torch.zeros(2), temperature=2.0)
     want = {
         "L": 2,
+        "L_padded": 2,
         "n_unmasked": 2,
         "T": 2.0,
         "a": 0.0,
@@ -89,6 +90,7 @@ def test_masked_keys_are_left_out_of_the_jacobian():
     row = torch.tensor([0.0, -math.inf, 0.0])
     names = [
         "L",
+        "L_padded",
         "n_unmasked",
         "a",
         "min_weight",
@@ -98,7 +100,8 @@ def test_masked_keys_are_left_out_of_the_jacobian():
     ]
     got = evaluate_quantities(names, SOFTMAX, row)
     assert got == {
-        "L": 3,
+        "L": 2,  # the keys the normalizer attends to
+        "L_padded": 3,
         "n_unmasked": 2,
         "a": 0.0,
         "min_weight": 0.5,
@@ -154,7 +157,8 @@ def test_entrywise_quantities_share_one_pass(monkeypatch):
 
 
 def test_unknown_quantity_is_a_usage_error():
-    with pytest.raises(UsageError, match="unknown quantity 'bogus' \\(known: L, n_unmasked"):
+    with pytest.raises(UsageError,
+                       match="unknown quantity .bogus. \\(known: L, L_padded, n_unmasked"):
         evaluate_quantities(["L", "bogus"], SOFTMAX, torch.zeros(2))
 
 
