@@ -74,6 +74,45 @@ def test_extraction_maps_grouped_query_heads():
     assert torch.equal(ex.k[0, 0], ex.k[0, 1]) and not torch.equal(ex.k[0, 1], ex.k[0, 2])
 
 
+def test_hidden_and_input_embeddings_are_what_the_attention_blocks_read(tiny):
+    ids = list(range(40, 72))
+    ex = extraction.extract(tiny, [ids], embeddings=("value", "hidden", "input"))
+    base = tiny.model.base_model
+    with torch.no_grad():
+        out = base(input_ids=torch.tensor([ids]), output_hidden_states=True)
+        for layer, block in enumerate(base.h):
+            want = block.ln_1(out.hidden_states[layer][0])
+            diff = float((ex.hidden[0, layer] - want).abs().max())
+            assert diff <= 1e-6, f"layer {layer}: hidden differs from ln_1's output by {diff}"
+        close_inputs = (ex.inputs[0, 0] - base.wte(torch.tensor(ids))).abs().max()
+    assert float(close_inputs) == 0.0, "input embeddings are the token embedding rows"
+    hidden = ex.with_embeddings("hidden").values(16)
+    assert hidden.shape == (ex.n_total_heads, 16, ex.hidden.shape[-1])
+    assert torch.equal(hidden[slice(ex.n_heads, ex.n_heads + 1)][0], ex.hidden[0, 1, :16])
+
+
+def test_embedding_choices_rerun_and_score_the_x_dependent_experiments(tmp_path, capsys):
+    out = tmp_path / "emb"
+    code, stdout, err = run_cli(QUICK + ["--out", str(out), "--experiments",
+                                         "separability,coverage", "--embeddings",
+                                         "value,hidden,input"], capsys)
+    assert code == 0, err
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert doc["settings"]["embeddings"] == "value"
+    assert set(doc["embedding_variants"]) == {"hidden", "input"}
+    for name, variant in doc["embedding_variants"].items():
+        assert set(variant["experiments"]) == {"separability", "coverage"}, name
+        claims = {r["claim"] for r in variant["paper_comparison"]}
+        assert claims == {r["claim"] for r in doc["paper_comparison"]}, name
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "How the verdicts move with what x_i is" in report
+
+
+def test_unknown_embeddings(capsys):
+    code, _, err = run_cli(QUICK + ["--embeddings", "values"], capsys)
+    assert code == 2 and "--embeddings" in err and err.count("\n") == 1, err
+
+
 def test_row_logits_match_layer_logits(tiny):
     ex = extraction.extract(tiny, [list(range(64))])
     rows = torch.tensor([10, 31])

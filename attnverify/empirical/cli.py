@@ -114,6 +114,19 @@ def _add_sizes(group) -> None:
                        help=f"daGPAM λ values (default {_listed(default('collapse_lambdas'))})")
     group.add_argument("--collapse-seeds", type=int, default=None,
                        help=f"seeds per stack (default {default('collapse_seeds')})")
+    group.add_argument("--embeddings", default=None,
+                       help="what x_i is: value (the head's value vectors, default: what the "
+                            "weights average), hidden (the layer's normalised input hidden "
+                            "states) or input (the token embeddings); a comma-separated list "
+                            "reruns the x-dependent experiments for every further choice")
+    group.add_argument("--selectivity-temperatures", default=None,
+                       help="T values of the temperature-vs-selectivity measurement (default "
+                            f"{_listed(default('selectivity_temperatures'))})")
+    group.add_argument("--coverage-n", type=int, default=None,
+                       help=f"N of the multi-head coverage measurement (default "
+                            f"{default('coverage_n')})")
+    group.add_argument("--training-steps", type=int, default=None,
+                       help=f"steps of paper B's training run (default {default('training_steps')})")
 
 
 def config_from_args(args: argparse.Namespace) -> cfg.RunConfig:
@@ -149,6 +162,18 @@ def _explicit(args: argparse.Namespace) -> dict:
         out["collapse_lambdas"] = cfg.parse_float_list(args.collapse_lambdas, "--collapse-lambdas")
     if args.temperature_points is not None:
         out["temperatures"] = cfg.parse_temperature_points(args.temperature_points)
+    if args.embeddings is not None:
+        out["embeddings"], out["embedding_variants"] = cfg.parse_embeddings(args.embeddings)
+    if args.selectivity_temperatures is not None:
+        out["selectivity_temperatures"] = cfg.parse_float_list(args.selectivity_temperatures,
+                                                               "--selectivity-temperatures")
+    for name in ("coverage_n", "training_steps"):
+        value = getattr(args, name)
+        if value is not None:
+            if value < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, "
+                                 f"got {value}")
+            out[name] = value
     return out
 
 

@@ -80,8 +80,15 @@ class RunConfig:
     epsilons: tuple[float, ...] = (1e-3, 1e-1, 10.0)
     selectivity_temperatures: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
     coverage_n: int = 16
+    #: What x_i is (extraction.py): the first choice runs every experiment; the others rerun
+    #: the x-dependent ones with the model's softmax, to show how the verdicts move.
+    embeddings: str = "value"
+    embedding_variants: tuple[str, ...] = ()
     collapse_depth: int = 16
     collapse_lambdas: tuple[float, ...] = (0.1, 0.5, 1.0)
+    #: Paper B varies λ⁺ with λ⁻ = 1 held, and λ⁻ with λ⁺ = 1 held: (λ⁺, λ⁻) pairs.
+    collapse_pairs: tuple[tuple[float, float], ...] = ((0.1, 1.0), (0.5, 1.0), (1.0, 0.1),
+                                                       (1.0, 0.5))
     collapse_seeds: int = 8
     collapse_width: int = 64
     collapse_tokens: int = 64
@@ -167,6 +174,19 @@ def parse_temperature_points(points: int) -> tuple[float, ...]:
         raise UsageError(f"--temperature-points must lie in 2 … {MAX_TEMPERATURE_POINTS}, "
                          f"got {points}")
     return log_grid(1e-3, 10.0, points)
+
+
+EMBEDDINGS = ("value", "hidden", "input")
+
+
+def parse_embeddings(text: str) -> tuple[str, tuple[str, ...]]:
+    """``--embeddings value[,hidden,input]``: the first choice and the others, in order."""
+    names = list(dict.fromkeys(item.strip() for item in text.split(",") if item.strip()))
+    unknown = [name for name in names if name not in EMBEDDINGS]
+    if not names or unknown:
+        raise UsageError(f"--embeddings {text!r}: expected a comma-separated list of "
+                         f"{', '.join(EMBEDDINGS)}")
+    return names[0], tuple(names[1:])
 
 
 def lengths(config: RunConfig, max_length: int) -> tuple[int, ...]:

@@ -6,10 +6,19 @@ attention, so the forward pass is the model's. Keys and values of grouped-query 
 mapped to query heads the way the model does (``repeat_kv``: query head ``h`` reads key/value head
 ``h // (H_q / H_kv)``). Logits and weights are recomputed from the record on demand —
 ``logits = scale · q kᵀ`` with ``-inf`` on masked keys — instead of storing 144 × L × L floats.
+
+What x_i is (``--embeddings``) [choice, docs/THEORY.md §8 says "token embeddings"]: ``value`` — the
+head's value vectors, what the weights actually average (the default: s = Σ α_i x_i is then the
+head's own output before W_O); ``hidden`` — the layer's normalised input hidden states (the
+input of the attention block after its LayerNorm/RMSNorm, shared by the layer's heads, recorded
+by a forward pre-hook); ``input`` — the model's token embeddings (the input embedding table's
+rows, shared by every head). Theorem 2 projects them onto the sphere; Theorem 1 uses them as
+they are.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from collections.abc import Iterator
@@ -21,6 +30,7 @@ import torch
 from attnverify.errors import UsageError
 
 CAPTURE_NAME = "attnverify_capture"
+EMBEDDINGS = ("value", "hidden", "input")
 _STATE = threading.local()
 _REGISTERED = False
 
@@ -41,6 +51,17 @@ class Extraction:
     scale: torch.Tensor
     n_layers: int
     n_heads: int
+    hidden: torch.Tensor | None = None  # [window, layer, position, d_model]
+    inputs: torch.Tensor | None = None  # [window, 1, position, d_model]
+    embeddings: str = "value"
+
+    def with_embeddings(self, embeddings: str) -> Extraction:
+        """The same record with x_i read as ``embeddings`` (``value``, ``hidden``, ``input``)."""
+        if embeddings not in EMBEDDINGS:
+            raise UsageError(f"--embeddings {embeddings!r}: expected one of {', '.join(EMBEDDINGS)}")
+        if {"hidden": self.hidden, "input": self.inputs}.get(embeddings, self.v) is None:
+            raise UsageError(f"--embeddings {embeddings}: not captured in this extraction")
+        return dataclasses.replace(self, embeddings=embeddings)
 
     @property
     def n_windows(self) -> int:
@@ -69,10 +90,16 @@ class Extraction:
         logits = logits.masked_fill(mask, float("-inf"))
         return logits.reshape(-1, len(rows), keys)
 
-    def values(self, keys: int, dtype=torch.float32) -> torch.Tensor:
-        """Value vectors ``[window · head, key, d_head]`` of the first ``keys`` positions."""
-        v = self.v[:, :, :keys].to(dtype)
-        return v.reshape(-1, keys, v.shape[-1])
+    def values(self, keys: int, dtype=torch.float32):
+        """x_i of the first ``keys`` positions, ``[window · head, key, d]``: the value vectors,
+        or (``hidden``/``input``) a :class:`SharedRows` view that maps each head to its layer's
+        vectors without copying them once per head."""
+        if self.embeddings == "value":
+            v = self.v[:, :, :keys].to(dtype)
+            return v.reshape(-1, keys, v.shape[-1])
+        base = self.hidden if self.embeddings == "hidden" else self.inputs
+        per_group = self.n_heads if base.shape[1] > 1 else self.n_total_heads
+        return SharedRows(base[:, :, :keys].to(dtype), per_group, self.n_total_heads)
 
     def layer_logits(self, window: int, layer: int) -> torch.Tensor:
         """Full ``[head, query, key]`` logits of one layer (``-inf`` above the diagonal)."""
@@ -88,22 +115,86 @@ class Extraction:
         return torch.softmax(self.layer_logits(window, layer), dim=-1)
 
 
-def extract(loaded, windows: list[list[int]], device: str = "cpu", progress=None) -> Extraction:
-    """Run one forward pass per window and return every head's q, k, v."""
+class SharedRows:
+    """``[window · head, key, d]`` rows read from ``base [window, group, key, d]``: head ``h``
+    reads group ``h // per_group`` (a layer, or the single group of token embeddings). Only
+    slices along the first axis are materialised, so per-layer vectors are never copied once
+    per head."""
+
+    def __init__(self, base: torch.Tensor, per_group: int, heads: int):
+        self.base, self.per_group, self.heads = base, per_group, heads
+
+    @property
+    def shape(self) -> torch.Size:
+        w, _, n, d = self.base.shape
+        return torch.Size((w * self.heads, n, d))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.base.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.base.device
+
+    def groups(self, sl: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        b = torch.arange(sl.start or 0, sl.stop if sl.stop is not None else self.shape[0],
+                         device=self.base.device)
+        return b // self.heads, (b % self.heads) // self.per_group
+
+    def __getitem__(self, sl: slice) -> torch.Tensor:
+        if not isinstance(sl, slice):
+            raise TypeError("SharedRows supports slices of the first axis only")
+        window, group = self.groups(sl)
+        return self.base[window, group]
+
+    def map(self, fn) -> SharedRows:
+        """``fn`` applied to every stored vector (e.g. the projection onto the sphere)."""
+        return SharedRows(fn(self.base), self.per_group, self.heads)
+
+
+def extract(loaded, windows: list[list[int]], device: str = "cpu", progress=None,
+            embeddings: tuple[str, ...] = ("value",)) -> Extraction:
+    """Run one forward pass per window and return every head's q, k, v (and the layers'
+    normalised input hidden states and the token embeddings when ``embeddings`` asks)."""
     model = loaded.model
     _install(model)
     base = model.base_model
-    records = []
-    for ids in windows:
-        tokens = torch.tensor([ids], dtype=torch.long, device=device)
-        with _capturing() as layers, torch.inference_mode():
-            base(input_ids=tokens, use_cache=False)
-        records.append(_stack(layers, loaded))
-        if progress is not None:
-            progress.update(1)
+    records, hidden, inputs = [], [], []
+    hooks = _hidden_hooks(model) if "hidden" in embeddings else []
+    try:
+        for ids in windows:
+            tokens = torch.tensor([ids], dtype=torch.long, device=device)
+            with _capturing() as layers, torch.inference_mode():
+                base(input_ids=tokens, use_cache=False)
+                if "input" in embeddings:
+                    inputs.append(model.get_input_embeddings()(tokens)[0].float()[None])
+            records.append(_stack(layers, loaded))
+            if hooks:
+                hidden.append(torch.stack([rec[4] for rec in layers]))
+            if progress is not None:
+                progress.update(1)
+    finally:
+        for hook in hooks:
+            hook.remove()
     q, k, v = (torch.stack([r[i] for r in records]) for i in range(3))
     return Extraction(q=q, k=k, v=v, scale=records[0][3], n_layers=loaded.n_layers,
-                      n_heads=loaded.n_heads)
+                      n_heads=loaded.n_heads,
+                      hidden=torch.stack(hidden) if hidden else None,
+                      inputs=torch.stack(inputs) if inputs else None,
+                      embeddings=embeddings[0])
+
+
+def _hidden_hooks(model) -> list:
+    """Forward pre-hooks that remember each attention module's input (the normalised hidden
+    states: GPT-2's ``ln_1`` output, Llama's ``input_layernorm`` output)."""
+    def remember(module, args, kwargs):
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        if getattr(_STATE, "records", None) is not None and hidden is not None:
+            _STATE.hidden[id(module)] = hidden[0].float().clone()
+
+    return [m.register_forward_pre_hook(remember, with_kwargs=True)
+            for m in model.modules() if type(m).__name__.endswith("Attention")]
 
 
 def _stack(layers: list[tuple], loaded) -> tuple:
@@ -137,10 +228,12 @@ def _install(model) -> None:
 @contextmanager
 def _capturing() -> Iterator[list]:
     _STATE.records = []
+    _STATE.hidden = {}
     try:
         yield _STATE.records
     finally:
         _STATE.records = None
+        _STATE.hidden = {}
 
 
 def _capture_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
@@ -154,7 +247,7 @@ def _capture_attention(module, query, key, value, attention_mask, scaling=None, 
         k = key.repeat_interleave(groups, dim=1) if groups > 1 else key
         v = value.repeat_interleave(groups, dim=1) if groups > 1 else value
         records.append((query[0].float().clone(), k[0].float().clone(), v[0].float().clone(),
-                        float(scaling)))
+                        float(scaling), _STATE.hidden.get(id(module))))
     eager = _eager_for(module)
     return eager(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
 

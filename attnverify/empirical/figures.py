@@ -291,8 +291,9 @@ def fig_convergence(result: dict, title: str):
 def fig_rank_collapse(result: dict, title: str):
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7.5), squeeze=False)
-    for row, arch in enumerate(("pure", "residual")):
+    archs = list(result["architectures"])
+    fig, axes = plt.subplots(len(archs), 3, figsize=(13, 3.75 * len(archs)), squeeze=False)
+    for row, arch in enumerate(archs):
         kinds = result["architectures"][arch]
         for i, (name, data) in enumerate(kinds.items()):
             depth = range(len(data["residual"]))

@@ -41,11 +41,52 @@ def run(config: cfg.RunConfig) -> dict:
     failed = _failures(results)
     pending = [e for e in config.experiments if e not in results]
     working = [w for w in weightings if w.id not in failed]
+    variant_prints = {e: _variant_fingerprint(config, e, text) for e in _variant_names(config)}
+    variants = {e: store.load(f"embeddings_{e}", p) if config.resume else None
+                for e, p in variant_prints.items()}
+    todo = [e for e, found in variants.items() if found is None]
     with _numerics(config):
-        meta, ctx = _prepare(config, store, text, working, needs_model, pending)
+        meta, ctx = _prepare(config, store, text, working, needs_model, pending, bool(todo))
         for name in pending:
             results[name] = _run_one(name, ctx, store, prints[name], failed)
-    return _finish(config, meta, results, text, weightings, failed)
+        for e in todo:
+            variants[e] = _run_variant(e, ctx, store, variant_prints[e])
+    return _finish(config, meta, results, text, weightings, failed, variants)
+
+
+#: Experiments whose numbers depend on what x_i is; rerun for each other ``--embeddings`` choice.
+EMBEDDING_EXPERIMENTS = ("distance_vs_length", "distance_vs_topn", "separability",
+                         "temperature", "coverage", "convergence")
+
+
+def _variant_names(config: cfg.RunConfig) -> tuple[str, ...]:
+    if not any(e in EMBEDDING_EXPERIMENTS for e in config.experiments):
+        return ()
+    return config.embedding_variants
+
+
+def _variant_fingerprint(config: cfg.RunConfig, embeddings: str, text: Text | None) -> str:
+    return fingerprint({"experiment": f"embeddings:{embeddings}",
+                        **cfg.numeric_settings(config),
+                        "text_sha256": text.sha256 if text else None})
+
+
+def _run_variant(embeddings: str, ctx: Context, store: CheckpointStore, print_: str) -> dict:
+    """The x-dependent experiments again with x_i = ``embeddings``, the model's softmax only,
+    and their comparison rows: how the verdicts move with the choice."""
+    from attnverify.empirical.comparison import paper_comparison
+
+    start = time.perf_counter()
+    sub = Context(ctx.config.replace(embeddings=embeddings),
+                  ctx.extraction.with_embeddings(embeddings), [targets.model_weighting()],
+                  ctx.lengths, ctx.progress)
+    runs = {name: RUNNERS[name](sub) for name in EMBEDDING_EXPERIMENTS
+            if name in ctx.config.experiments}
+    result = {"embeddings": embeddings, "experiments": runs}
+    result["paper_comparison"] = paper_comparison(result)
+    result["seconds"] = time.perf_counter() - start
+    store.save(f"embeddings_{embeddings}", print_, result)
+    return result
 
 
 def _failures(results: dict) -> dict[str, str]:
@@ -101,14 +142,15 @@ def _numerics(config: cfg.RunConfig):
         torch.set_num_threads(threads)
 
 
-def _prepare(config, store, text, weightings, needs_model, pending):
-    """Model metadata (from a checkpoint when nothing needs the model) and the context."""
+def _prepare(config, store, text, weightings, needs_model, pending, variants=False):
+    """Model metadata (from a checkpoint when nothing needs the model) and the context;
+    ``variants``: other ``--embeddings`` choices still to run (they need the extraction)."""
     model_print = fingerprint({"model": config.model, "seed": config.seed,
                                "max_length": config.max_length, "windows": config.windows,
                                "text": text.sha256 if text else None})
     meta = store.load(MODEL_CHECKPOINT, model_print) if config.resume else None
     lengths = cfg.lengths(config, config.max_length or DEFAULT_LENGTH)
-    if not any(e in NEEDS_MODEL for e in pending) and (meta or not needs_model):
+    if not variants and not any(e in NEEDS_MODEL for e in pending) and (meta or not needs_model):
         return meta, Context(config, None, weightings, lengths, _bar_factory(config))
     meta, extraction, lengths = _extract(config, text)
     store.save(MODEL_CHECKPOINT, model_print, meta)
@@ -128,7 +170,8 @@ def _extract(config: cfg.RunConfig, text: Text):
     cfg.validate_against(config, max_length, loaded.context, config.model)
     windows = token_windows(text, loaded.tokenize, max_length, config.windows)
     bar = _bar_factory(config)("forward passes", len(windows))
-    extraction = extract(loaded, windows, config.device, bar)
+    extraction = extract(loaded, windows, config.device, bar,
+                         embeddings=(config.embeddings, *_variant_names(config)))
     bar.close()
     t2 = time.perf_counter()
     meta = _model_meta(loaded, max_length, config, t1 - t0, t2 - t1)
@@ -198,7 +241,7 @@ def _bar_factory(config: cfg.RunConfig):
     return make
 
 
-def _finish(config, meta, results, text, weightings, failed) -> dict:
+def _finish(config, meta, results, text, weightings, failed, variants=None) -> dict:
     from attnverify.empirical.comparison import paper_comparison
     from attnverify.empirical.figures import write_figures
     from attnverify.empirical.report import write_report
@@ -218,6 +261,8 @@ def _finish(config, meta, results, text, weightings, failed) -> dict:
                         if e in results},
     }
     document["paper_comparison"] = paper_comparison(document)
+    if variants:
+        document["embedding_variants"] = variants
     document["figures"] = write_figures(document, out)
     write_json_atomic(out / "results.json", document)
     write_report(document, out / "report.md")

@@ -34,7 +34,7 @@ def write_report(document: dict, path: Path) -> None:
 
 
 def render(document: dict) -> str:
-    parts = [_header(document), _comparison(document)]
+    parts = [_header(document), _comparison(document), _embedding_variants(document)]
     for name, result in document["experiments"].items():
         parts.append(SECTIONS[name](result, document))
     if len(document.get("normalizers", [])) > 1:
@@ -125,6 +125,9 @@ def _header_rows(doc: dict) -> list[list[str]]:
         t = doc["text"]
         rows.append(["text", f"`{Path(t['path']).name}` (sha256 {t['sha256'][:12]}…), prose "
                              f"from line {t['first_line']}"])
+    rows.append(["x_i (--embeddings)", EMBEDDING_WORDS.get(s.get("embeddings", "value"), "")
+                 + (f"; also rerun with {', '.join(s['embedding_variants'])}"
+                    if s.get("embedding_variants") else "")])
     rows.append(["settings", f"seed {s['seed']}, rows per length ≤ {s['rows_per_length']}, "
                              f"Monte-Carlo draws {s['mc_draws']} (Alg. 1–2), "
                              f"{s['critical_draws']} (Alg. 3)"])
@@ -177,6 +180,46 @@ def _comparison(doc: dict) -> str:
                          [[r["experiment"], r["claim"], r["paper"], r["measured"],
                            "yes" if r.get("holds") else "no"] for r in extra])]
     return "\n\n".join(parts)
+
+
+EMBEDDING_WORDS = {
+    "value": "value — the head's value vectors (what the weights average: s is the head's "
+             "own output before W_O)",
+    "hidden": "hidden — the layer's normalised input hidden states (shared by its heads)",
+    "input": "input — the token embeddings (shared by every head)",
+}
+
+
+def _embedding_variants(doc: dict) -> str:
+    """How the scored verdicts move when x_i is read differently."""
+    variants = doc.get("embedding_variants") or {}
+    if not variants:
+        return ""
+    main = doc["settings"].get("embeddings", "value")
+    choices = [main, *variants]
+    tables = {main: {(r["experiment"], r["claim"]): r for r in doc["paper_comparison"]}}
+    for name, v in variants.items():
+        tables[name] = {(r["experiment"], r["claim"]): r for r in v["paper_comparison"]}
+    keys = [k for k in tables[main] if k[0] in {e for v in variants.values()
+                                                 for e in v["experiments"]}
+            and not tables[main][k].get("diagnostic")]
+    rows = [[k[0], k[1]] + [_agree(tables[c][k]["agrees"]) if k in tables[c] else "–"
+                            for c in choices] for k in keys]
+    counts = ["", "**agreeing, of scored**"] + [
+        f"{sum(1 for k in keys if k in tables[c] and tables[c][k]['agrees'])} of "
+        f"{sum(1 for k in keys if k in tables[c] and tables[c][k]['agrees'] is not None)}"
+        for c in choices]
+    detail = [[k[0], k[1]] + [tables[c][k]["measured"] if k in tables[c] else "–"
+                              for c in choices] for k in keys]
+    return "\n\n".join([
+        "## How the verdicts move with what x_i is (`--embeddings`)",
+        "The experiments that depend on the embeddings, rerun with the model's own softmax for "
+        "each choice (the main tables use the first). "
+        + " ".join(EMBEDDING_WORDS[c] + "." for c in choices),
+        _table(["experiment", "claim"] + choices, rows + [counts]),
+        "<details><summary>Measured values per choice</summary>\n\n"
+        + _table(["experiment", "claim"] + choices, detail) + "\n\n</details>",
+    ])
 
 
 def _agree(flag) -> str:
@@ -365,9 +408,11 @@ def _collapse(result: dict, doc: dict) -> str:
     for arch, kinds in result["architectures"].items():
         depth = len(next(iter(kinds.values()))["residual"]) - 1
         show = sorted({0, 1, 2, 4, 8, depth} & set(range(depth + 1)))
-        head = ["stack"] + [f"layer {i}" for i in show] + ["‖∇W_Q‖ layer 1", "output rms"]
+        head = (["stack"] + [f"layer {i}" for i in show]
+                + ["‖∇W_Q‖ layer 1", "weakest layer's ‖∇W_Q‖", "output rms"])
         rows = [[name] + [_f(data["residual"][i]) for i in show]
-                + [_f(data["grad_q"][0]), _f(data["rms"][-1])] for name, data in kinds.items()]
+                + [_f(data["grad_q"][0]), _f(min(data["grad_q"])), _f(data["rms"][-1])]
+                for name, data in kinds.items()]
         blocks.append(f"‖res(X)‖_F/‖X‖_F per layer, {arch} stack (median over "
                       f"{result['seeds']} seeds):\n\n" + _table(head, rows))
     blocks += [_figure(doc, "rank_collapse"), _choices(result)]

@@ -31,6 +31,16 @@ def to_sphere(x: torch.Tensor, radius: float = 1.0) -> torch.Tensor:
     return x * (radius / norm.clamp_min(torch.finfo(x.dtype).tiny))
 
 
+def on_sphere(x, radius: float = 1.0):
+    """:func:`to_sphere` for a tensor or a :class:`~attnverify.empirical.extraction.SharedRows`
+    view (projected once per stored vector, not once per head)."""
+    from attnverify.empirical.extraction import SharedRows
+
+    if isinstance(x, SharedRows):
+        return x.map(lambda base: to_sphere(base, radius))
+    return to_sphere(x, radius)
+
+
 def prefix_min_distance(x: torch.Tensor, radius: float = 1.0):
     """δ of every causal prefix: ``delta[b, j] = min_{i<k≤j} ‖x_i − x_k‖``, ``[b, n]``.
 

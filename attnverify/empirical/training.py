@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from attnverify.empirical.collapse import kind_name
+
 
 class Attention(nn.Module):
     def __init__(self, width: int, lam_pos: float, lam_neg: float):
@@ -109,12 +111,6 @@ def train_one(kind: tuple[float, float], batches: torch.Tensor, layers: int, wid
 def _norm(module: nn.Module) -> float:
     grads = [p.grad.square().sum() for p in module.parameters() if p.grad is not None]
     return float(torch.stack(grads).sum().sqrt())
-
-
-def kind_name(lam_pos: float, lam_neg: float) -> str:
-    if lam_pos == lam_neg == 0:
-        return "softmax"
-    return f"dagpam_{lam_pos:g}" if lam_pos == lam_neg else f"dagpam_{lam_pos:g}_{lam_neg:g}"
 
 
 def gradient_histories(prose: str, kinds: Sequence[tuple[float, float]], layers: int,

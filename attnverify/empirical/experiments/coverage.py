@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from attnverify.empirical.experiments.context import Context, quantiles
-from attnverify.empirical.separation import separable_sets, to_sphere
+from attnverify.empirical.separation import on_sphere, separable_sets
 
 CHOICES = [
     "Rows: the L_max band; N = --coverage-n (default 16, where paper A's plateau starts); "
@@ -50,7 +50,7 @@ def coverage(ctx: Context) -> dict:
     ex = ctx.extraction
     batch = ctx.batch(ctx.max_length)
     n = min(ctx.config.coverage_n, ctx.max_length // 2)
-    x = to_sphere(batch.values)
+    x = on_sphere(batch.values)
     per_layer = ex.n_heads
     windows = batch.logits.shape[0] // ex.n_total_heads
     keys = ("measured", "independent", "formula", "best_head", "union_over_n")

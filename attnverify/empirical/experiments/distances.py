@@ -24,7 +24,9 @@ from attnverify.empirical.experiments.context import (
 from attnverify.empirical.rows import RowBatch, chunk_size, chunks, over_chunks
 
 COMMON_CHOICES = [
-    "x_i = the head's value vector of key i (what the attention weights average).",
+    "x_i: see --embeddings (the run's choice is in the results' settings): value = the "
+    "head's value vector of key i (what the attention weights average); hidden = the layer's "
+    "normalised input hidden state; input = the token embedding.",
     "Tokens for length L: query rows attending to L/2+1 … L keys (causal), sampled evenly, "
     "always including the row of exactly L keys; 'L' in a bound is the row's own key count.",
     "I_N = the N largest weights, ties to the lower index.",

@@ -13,16 +13,16 @@ from attnverify.empirical.experiments.context import (
     window_medians,
 )
 from attnverify.empirical.rows import RowBatch, chunks, over_chunks
+from attnverify.empirical.extraction import SharedRows
 from attnverify.empirical.separation import (
+    on_sphere,
     prefix_min_distance,
     row_entropy,
     separation,
-    to_sphere,
 )
 
 CHOICES = [
-    "Embeddings: the head's value vectors projected onto the unit sphere (M = 1; N_s/N is "
-    "scale-free).",
+    "Embeddings (--embeddings): projected onto the unit sphere (M = 1; N_s/N is scale-free).",
     "δ = the minimum pairwise distance among the row's keys; identical vectors (distance < 1e-6, "
     "e.g. a repeated token in a RoPE model's first layer) violate δ > 0 and are left out of δ "
     "and counted.",
@@ -36,16 +36,28 @@ PLATEAU_FROM = 16
 
 
 def sphere_geometry(batch: RowBatch):
-    """Sphere-projected values ``[B, n, d]``, δ per row ``[B, R]``, duplicate pairs ``[B, R]``."""
-    x = to_sphere(batch.values)
+    """Sphere-projected embeddings ``[B, n, d]``, δ per row ``[B, R]``, duplicate pairs
+    ``[B, R]``. Embeddings shared by a layer's heads get δ once per layer."""
+    x = on_sphere(batch.values)
+    if isinstance(x, SharedRows):
+        w, g, n, d = x.base.shape
+        delta, dups = _prefix_geometry(x.base.reshape(w * g, n, d), batch.rows)
+        window, group = x.groups(slice(0, x.shape[0]))
+        pick = window * g + group
+        return x, delta[pick].to(x.dtype), dups[pick]
+    delta, dups = _prefix_geometry(x, batch.rows)
+    return x, delta.to(x.dtype), dups
+
+
+def _prefix_geometry(x, rows):
     n = x.shape[-2]
     deltas, dups = [], []
     size = max(1, (256 << 20) // (3 * n * n * 8))
     for sl in chunks(x.shape[0], size):
         delta, dup = prefix_min_distance(x[sl])
-        deltas.append(delta[:, batch.rows])
-        dups.append(dup[:, batch.rows])
-    return x, torch.cat(deltas).to(x.dtype), torch.cat(dups)
+        deltas.append(delta[:, rows])
+        dups.append(dup[:, rows])
+    return torch.cat(deltas), torch.cat(dups)
 
 
 def separation_rows(batch: RowBatch, weighting, x, delta, n_values):

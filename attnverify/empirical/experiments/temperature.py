@@ -14,7 +14,7 @@ import torch
 from attnverify.empirical.distance import cumulative_distance, order_rows
 from attnverify.empirical.experiments.context import Context, quantiles, window_medians
 from attnverify.empirical.rows import over_chunks
-from attnverify.empirical.separation import separable_sets, to_sphere
+from attnverify.empirical.separation import on_sphere, separable_sets
 
 CHOICES = [
     "Rows: the L_max band (as Alg. 4 and 5); weights softmax(l/T) of the model's own scaled "
@@ -46,7 +46,7 @@ def temperature(ctx: Context) -> dict:
     batch = ctx.batch(ctx.max_length)
     n_values = sorted({min(cfg.topn, ctx.max_length // 2), min(SELECTIVITY_N,
                                                                 ctx.max_length // 2)})
-    x_sphere = to_sphere(batch.values)
+    x_sphere = on_sphere(batch.values)
     temps = list(cfg.selectivity_temperatures)
     out = {"T": temps, "N": n_values, "L": ctx.max_length, "topn": cfg.topn,
            "rows": len(batch.rows), "choices": CHOICES, "ratio": [], "dtilde": [],
