@@ -125,7 +125,10 @@ def _eligible(x: torch.Tensor, dim: int) -> bool:
 
 
 def _run(x: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The kernel's output; the torch path's instead when a row holds NaN or +inf."""
+    """The kernel's output; the torch path's instead when a row holds NaN or +inf (or when the
+    operator is called directly on a tensor the kernel cannot read as rows)."""
+    if not (x.dtype is torch.float32 and x.dim() > 0 and x.numel() and x.is_contiguous()):
+        return dense.softmax(x, -1, temperature)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     n = x.shape[-1]
     left = _ext.softmax_f32(
@@ -146,7 +149,11 @@ if _ext is not None:
     _LIB = torch.library.Library("attnverify", "FRAGMENT")
     _LIB.define("softmax_fused(Tensor x, float temperature) -> Tensor")
     _LIB.impl("softmax_fused", _run, "CPU")
-    _LIB.impl("softmax_fused", lambda x, temperature: torch.empty_like(x), "Meta")
+    _LIB.impl(
+        "softmax_fused",
+        lambda x, t: torch.empty_like(x, memory_format=torch.contiguous_format),
+        "Meta",
+    )
 
 
 class _FusedSoftmax(torch.autograd.Function):
