@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         progress=False,
         threads=args.threads,
         text=args.text,
-        windows=args.windows,
+        **({"windows": args.windows} if args.windows else {}),
     )
     document = run(config)
     total = time.perf_counter() - START
@@ -68,7 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="gpt2-random")
     parser.add_argument("--text", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--windows", type=int, default=1)
+    parser.add_argument("--windows", type=int, default=None,
+                        help="text windows (default: the model check's own default)")
     parser.add_argument("--out", default=None, help="run directory (default: a temp dir)")
     parser.add_argument("--json", default=None, help="write the timing summary as JSON")
     parser.add_argument("--markdown", default=None, help="write the timing table as Markdown")

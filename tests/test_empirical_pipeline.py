@@ -108,6 +108,24 @@ def test_embedding_choices_rerun_and_score_the_x_dependent_experiments(tmp_path,
     assert "How the verdicts move with what x_i is" in report
 
 
+@pytest.mark.parametrize("extra", [[], ["--normalizers", "sparsemax", "--embeddings",
+                                         "hidden,value", "--seed", "3", "--coverage-n", "8"]])
+def test_report_command_reproduces_the_settings(extra, tmp_path):
+    """The command at the top of report.md, parsed again, gives the same numeric settings."""
+    import shlex
+
+    from attnverify.empirical import config as cfg
+    from attnverify.empirical.pipeline import command_line
+
+    parser = cli.argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    config = cli.config_from_args(parser.parse_args(QUICK + ["--out", str(tmp_path)] + extra))
+    line = command_line(config)
+    assert line.startswith("python -m attnverify.empirical --model tiny-gpt2-random"), line
+    again = cli.config_from_args(parser.parse_args(shlex.split(line)[3:]))
+    assert cfg.numeric_settings(again) == cfg.numeric_settings(config), line
+
+
 def test_unknown_embeddings(capsys):
     code, _, err = run_cli(QUICK + ["--embeddings", "values"], capsys)
     assert code == 2 and "--embeddings" in err and err.count("\n") == 1, err

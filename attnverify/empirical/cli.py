@@ -127,6 +127,9 @@ def _add_sizes(group) -> None:
                             f"{default('coverage_n')})")
     group.add_argument("--training-steps", type=int, default=None,
                        help=f"steps of paper B's training run (default {default('training_steps')})")
+    group.add_argument("--training-layers", type=int, default=None,
+                       help=f"layers of paper B's training run (default "
+                            f"{default('training_layers')})")
 
 
 def config_from_args(args: argparse.Namespace) -> cfg.RunConfig:
@@ -167,7 +170,7 @@ def _explicit(args: argparse.Namespace) -> dict:
     if args.selectivity_temperatures is not None:
         out["selectivity_temperatures"] = cfg.parse_float_list(args.selectivity_temperatures,
                                                                "--selectivity-temperatures")
-    for name in ("coverage_n", "training_steps"):
+    for name in ("coverage_n", "training_steps", "training_layers"):
         value = getattr(args, name)
         if value is not None:
             if value < 1:

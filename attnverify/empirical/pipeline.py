@@ -260,6 +260,7 @@ def _finish(config, meta, results, text, weightings, failed, variants=None) -> d
         "experiments": {e: _without(results[e], failed) for e in config.experiments
                         if e in results},
     }
+    document["command"] = command_line(config)
     document["paper_comparison"] = paper_comparison(document)
     if variants:
         document["embedding_variants"] = variants
@@ -267,6 +268,43 @@ def _finish(config, meta, results, text, weightings, failed, variants=None) -> d
     write_json_atomic(out / "results.json", document)
     write_report(document, out / "report.md")
     return document
+
+
+#: Settings with no command-line flag of their own (a run that changes them in code says so).
+_NO_FLAG = ("collapse_width", "collapse_tokens", "collapse_pairs", "training_lambdas")
+
+
+def command_line(config: cfg.RunConfig) -> str:
+    """A command that reproduces the run's numbers: every setting that differs from its
+    default, as its flag (``python -m attnverify.empirical`` takes the same flags)."""
+    import shlex
+
+    base = cfg.RunConfig(model=config.model)
+    parts = ["python", "-m", "attnverify.empirical", "--model", config.model]
+    if config.text is not None:
+        parts += ["--text", str(config.text)]
+    if config.experiments != base.experiments:
+        parts += ["--experiments", ",".join(config.experiments)]
+    if config.normalizers:
+        parts += ["--normalizers", ",".join(config.normalizers)]
+    if (config.embeddings, config.embedding_variants) != (base.embeddings,
+                                                          base.embedding_variants):
+        parts += ["--embeddings", ",".join((config.embeddings, *config.embedding_variants))]
+    for name in cfg.numeric_settings(config):
+        value, default = getattr(config, name), getattr(base, name)
+        if name in ("model", "normalizers", "embeddings", "embedding_variants") or \
+                value == default or value is None:
+            continue
+        if name == "temperatures":
+            parts += ["--temperature-points", str(len(value))]
+        elif name in _NO_FLAG:
+            parts += [f"# {name}={value!r} (no flag)"]
+        else:
+            shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) \
+                if isinstance(value, tuple) else str(value)
+            parts += [f"--{name.replace('_', '-')}", shown]
+    parts += ["--out", str(config.out)]
+    return shlex.join(parts)
 
 
 def _without(result: dict, failed: dict) -> dict:

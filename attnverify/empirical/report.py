@@ -87,6 +87,9 @@ def _header(doc: dict) -> str:
     meta = doc.get("model")
     lines = ["# attnverify empirical — the papers' experiments on "
              + (f"`{meta['name']}`" if meta else "attention stacks")]
+    if doc.get("command"):
+        lines.append("Regenerate with (from the repository root):\n\n```\n" + doc["command"]
+                     + "\n```")
     if meta:
         lines.append(_model_banner(meta))
     lines.append(_table(["", ""], _header_rows(doc)))
