@@ -5,7 +5,9 @@ and check. ``attnverify properties`` prints :data:`PROPERTIES`; a property's id 
 from __future__ import annotations
 
 from attnverify.checks import cases as C
+from attnverify.checks import gradient as G
 from attnverify.checks import paper as P
+from attnverify.checks import reference as R
 from attnverify.checks import universal as U
 from attnverify.checks.base import Context, Property, Violation
 from attnverify.registry import NormalizerSpec
@@ -103,6 +105,20 @@ _ALL = [
     _rows("dtype_agreement", "float16 / bfloat16 weights match the float64 weights of the "
           "same scores within the dtype's tolerance", U.check_low_precision, universal=True,
           applies=_needs_low_precision, kinds=_NO_HUGE, low=True),
+    # ---- what the normalizer computes, and its derivatives (checks/reference.py, gradient.py)
+    Property(id="matches_reference", statement="weights equal the reference normalizer's "
+             "(evaluated in float64 on the same scores) within the dtype's tolerance; "
+             "float16 / bfloat16 too when --dtypes asks", cases=R.reference_cases,
+             check=R.check_matches_reference, explicit=R.reference_battery,
+             applies=R.needs_reference, examples_scale=0.4),
+    Property(id="gradient", statement="reverse mode (and forward mode where it exists) matches "
+             "float64 central differences along random directions; kinks are stepped over",
+             cases=G.gradient_cases, check=G.check_gradient, explicit=G.gradient_battery,
+             applies=G.differentiable, universal=True, examples_scale=0.3),
+    Property(id="double_backward", statement="the gradient is differentiable (grad of grad) and "
+             "its derivative matches float64 central differences of the gradient",
+             cases=G.gradient_cases, check=G.check_double_backward,
+             explicit=G.gradient_battery, applies=G.differentiable, examples_scale=0.2),
     # ---- paper A
     Property(id="lemma1_weight_bounds", statement="C1/L ≤ α_i ≤ C2/L for logits in [−a, a], "
              "C2 = max F / min F (Lemma 1)", cases=C.bounded_cases, check=P.check_lemma1,

@@ -18,6 +18,7 @@ from attnverify.normalizers.dense import (
     stablemax_s,
 )
 from attnverify.normalizers.fused import softmax_fused
+from attnverify.normalizers.reference import REFERENCES
 from attnverify.normalizers.sparse import entmax15, entmax_alpha, sparsemax
 from attnverify.spec import Kernel, NormalizerSpec
 
@@ -195,5 +196,16 @@ _SPECS = [
 
 for _spec in _SPECS:
     object.__setattr__(_spec, "description", (_spec.fn.__doc__ or "").strip().splitlines()[0])
+
+#: Built-ins whose gradient is itself smooth (grad of grad is checked against differences).
+DOUBLE_BACKWARD = ("softmax", "softmax1", "ssmax", "sigmoid", "dagpam")
+
+# Every built-in is differential-tested against its float64 formula (normalizers/reference.py).
+for _spec in _SPECS:
+    if _spec.id in REFERENCES:
+        _extra = ("matches_reference",) + (("double_backward",) if _spec.id in DOUBLE_BACKWARD
+                                           else ())
+        object.__setattr__(_spec, "reference", REFERENCES[_spec.id])
+        object.__setattr__(_spec, "claims", _spec.claims + _extra)
 
 BUILTINS: dict[str, NormalizerSpec] = {spec.id: spec for spec in _SPECS}

@@ -1,0 +1,189 @@
+"""``matches_reference``: the normalizer computes the function it claims to be.
+
+Every output-space and invariance property holds for a different function with the same output
+space (a mis-scaled temperature, a constant added in the wrong place, an ignored parameter).
+This check compares the weights with a *reference* evaluated in float64 on the same scores
+(rounded to the case's dtype first), at the same temperature and parameters, within the
+tolerance of the case's dtype. Where the reference comes from, in order:
+
+1. ``spec.reference``: a callable ``ref(scores, dim=-1, **params)``, a :class:`NormalizerSpec`
+   or a target string (``certify --reference REF``, ``normalizer_spec(reference=...)``, the
+   pytest plugin's ``--attnverify-reference``); every built-in carries its own float64 formula
+   from :mod:`attnverify.normalizers.reference`;
+2. else a declared kernel's general form ``F(z)/ΣF(z)``
+   (:func:`attnverify.normalizers.reference.from_kernel`).
+
+The reference gets the target's parameters that it accepts (its own defaults for the rest) and
+the case's temperature; a reference without a ``temperature`` parameter is evaluated on ``z/T``.
+Rows where the reference itself is not finite (a kernel that overflows) are not judged.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from functools import lru_cache
+
+import torch
+from hypothesis import strategies as st
+
+from attnverify.checks import cases as C
+from attnverify.checks.base import (
+    NormalizerError,
+    Violation,
+    as_float64,
+    call,
+    close_mask,
+    describe_dtype,
+    mismatch_message,
+)
+from attnverify.spec import NormalizerSpec, normalizer_spec
+
+F64 = torch.float64
+#: Adversarial kinds for float16 / bfloat16 (huge scores overflow those dtypes themselves).
+LOW_KINDS = tuple(k for k in C.S.ALL_KINDS if k != "huge_range")
+
+
+class ReferenceFailure(Exception):
+    """The reference itself raised (a fault of the reference, not of the normalizer)."""
+
+
+def reference_spec(spec: NormalizerSpec) -> NormalizerSpec | None:
+    """The reference of ``spec`` as a spec (see the module docstring), or ``None``."""
+    ref = spec.reference
+    if ref is None and spec.kernel is not None:
+        from attnverify.normalizers.reference import from_kernel
+
+        fn = from_kernel(spec.kernel)
+        return normalizer_spec(fn, id=fn.__name__, params={"temperature": 1.0}, claims=(),
+                               space="any")
+    if ref is None:
+        return None
+    if isinstance(ref, NormalizerSpec):
+        return ref
+    if isinstance(ref, str):
+        return _load(ref)
+    if callable(ref):
+        return normalizer_spec(ref, id=getattr(ref, "__name__", "reference"), claims=(),
+                               space="any")
+    raise TypeError(f"reference of {spec.id!r} is a {type(ref).__name__}: expected a callable, "
+                    "a NormalizerSpec or a target string")
+
+
+@lru_cache(maxsize=32)
+def _load(target: str) -> NormalizerSpec:
+    from attnverify.registry import load_target
+
+    return load_target(target)
+
+
+def reference_label(spec: NormalizerSpec) -> str | None:
+    """How the report names the reference of ``spec`` (``None``: it has none)."""
+    ref = spec.reference
+    if ref is None:
+        return None if spec.kernel is None else (
+            f"kernel general form {spec.kernel.formula or 'F(z)/ΣF(z)'} (float64)")
+    if isinstance(ref, str):
+        return ref
+    if isinstance(ref, NormalizerSpec):
+        return ref.target or ref.id
+    module = getattr(ref, "__module__", "") or ""
+    name = getattr(ref, "__qualname__", getattr(ref, "__name__", type(ref).__name__))
+    return f"{module}:{name}" if module else name
+
+
+def needs_reference(spec: NormalizerSpec, ctx) -> str | None:
+    if spec.reference is None and spec.kernel is None:
+        return ("no reference: give --reference REF (or normalizer_spec(reference=...), "
+                "--attnverify-reference)")
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Cases: every row kind and full dtype, plus float16 / bfloat16 when --dtypes asks
+
+
+def reference_cases(spec, ctx):
+    full = C.row_cases(spec, ctx)
+    if not ctx.low_dtypes:
+        return full
+    return st.one_of(full, C.row_cases(spec, ctx, kinds=LOW_KINDS, dtypes=ctx.low_dtypes))
+
+
+def reference_battery(spec, ctx):
+    out = C.row_battery(spec, ctx)
+    if ctx.low_dtypes:
+        out += C.row_battery(spec, ctx, kinds=LOW_KINDS, dtypes=ctx.low_dtypes, long=False)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The check
+
+
+def _accepts(ref: NormalizerSpec, name: str) -> bool:
+    if name in ref.params:
+        return True
+    try:
+        sig = inspect.signature(ref.fn)
+    except (TypeError, ValueError):
+        return False
+    return name in sig.parameters or any(
+        p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+
+
+def evaluate_reference(spec: NormalizerSpec, ref: NormalizerSpec, scores: torch.Tensor,
+                       temperature: float | None) -> torch.Tensor:
+    """The reference's weights in float64 for ``scores`` at ``spec``'s parameters."""
+    z = scores.to(F64)
+    params = {k: v for k, v in spec.params.items() if k != "temperature" and _accepts(ref, k)}
+    t = temperature if temperature is not None else spec.params.get("temperature")
+    if t is not None:
+        if _accepts(ref, "temperature"):
+            params["temperature"] = t
+        elif t != 1.0:
+            z = z / float(t)
+    try:
+        out = ref(z, dim=-1, **params)
+    except Exception as exc:  # noqa: BLE001 - the reference's fault, told apart
+        raise ReferenceFailure(f"the reference {ref.target or ref.id!r} raised "
+                               f"{NormalizerError(exc)}") from exc
+    return as_float64(torch.as_tensor(out))
+
+
+def check_matches_reference(spec, case, ctx) -> float:
+    """Weights within the dtype's tolerance of the float64 reference on the same scores."""
+    ref = reference_spec(spec)
+    scores, dtype = case.scores, case.scores.dtype
+    got = as_float64(call(spec, scores, case.temperature))
+    want = evaluate_reference(spec, ref, scores, case.temperature)
+    if want.shape != got.shape:
+        raise Violation(f"the reference returned shape {tuple(want.shape)}, the normalizer "
+                        f"{tuple(got.shape)}", observed=got.numel(), bound=want.numel(),
+                        ratio=math.inf)
+    judged = torch.isfinite(want).all(dim=-1)
+    if not bool(judged.any()):
+        return 0.0
+    got, want = got[judged], want[judged]
+    ok, excess = close_mask(got, want, dtype)
+    if not ok:
+        rows = judged.nonzero().flatten()
+        bad = int(rows[int(_worst_row(got, want, dtype))])
+        raise Violation(
+            f"weights differ from the reference {reference_label(spec)} ({describe_dtype(dtype)}"
+            f", T={case.temperature}): {mismatch_message(got, want, dtype)}; row {bad}: got "
+            f"{_short(got[_worst_row(got, want, dtype)])}, reference "
+            f"{_short(want[_worst_row(got, want, dtype)])}",
+            observed=excess, bound=1, ratio=excess, row=bad,
+        )
+    return excess
+
+
+def _worst_row(got, want, dtype) -> int:
+    ratios = [close_mask(got[r:r + 1], want[r:r + 1], dtype)[1] for r in range(len(got))]
+    return max(range(len(ratios)), key=lambda r: ratios[r])
+
+
+def _short(row: torch.Tensor, limit: int = 6) -> str:
+    values = ", ".join(f"{float(v):.6g}" for v in row[:limit])
+    return f"[{values}{', …' if row.numel() > limit else ''}]"
