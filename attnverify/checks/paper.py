@@ -185,10 +185,11 @@ def check_spectral_half(spec, case, ctx) -> float:
 def check_fd_gradient(spec, case, ctx) -> float:
     z = case.scores.to(F64)
     v = jacobian.unit_directions(z.shape, seed=case.seed)
-    # the estimator divides by T itself: the map runs at temperature 1 (``call`` passes it only to
-    # a normalizer that takes one), so a temperature fixed by --params is not applied twice
-    f = lambda t: call(spec, t, 1.0)  # noqa: E731
-    delta = jacobian.fd_estimate(f, z, v, eps=case.eps, temperature=_t(case))
+    # δ = ‖f_T(l + εv) − f_T(l)‖/ε with the normalizer at the case's temperature T (for softmax
+    # the same as Algorithm 5's f((l + εv)/T)): one temperature for the map and the bound, never
+    # T applied twice, and a normalizer only ever runs at the T a case (or --params) gives
+    f = _row_map(spec, case)
+    delta = jacobian.fd_estimate(f, z, v, eps=case.eps, temperature=1.0)
     return _upper(delta, bounds.fd_estimator_bound(_t(case), case.eps),
                   f"finite-difference δ ≤ min{{1/(2T), √2/ε}} (ε={case.eps:g})")
 
