@@ -10,37 +10,30 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import hypothesis
 import torch
-from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import given
 
+from attnverify import isolation
 from attnverify.checks import PROPERTIES, Property, Violation, properties_for
 from attnverify.checks.base import Context, NormalizerError, positive_temperature
 from attnverify.checks.shrink import shrink
 from attnverify.errors import UsageError
 from attnverify.registry import NormalizerSpec
+from attnverify.runconfig import (  # noqa: F401 - re-exported: the run configuration's home
+    DTYPES,
+    PROFILE_ENV,
+    PROFILES,
+    hypothesis_settings,
+    make_context,
+    parse_dtypes,
+)
 from attnverify.serialize import encode_case, jsonable, number, repro_command  # noqa: F401
-
-PROFILE_ENV = "ATTNVERIFY_PROFILE"
-
-#: Profiles: examples per property and the largest row length the strategies may draw.
-PROFILES: dict[str, dict[str, int]] = {
-    "dev": {"max_examples": 20, "max_length": 256},
-    "ci": {"max_examples": 50, "max_length": 4096},
-    "thorough": {"max_examples": 400, "max_length": 65536},
-}
-
-DTYPES = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-}
 
 
 @dataclass
@@ -84,51 +77,6 @@ class TargetResult:
         }
 
 
-def make_context(
-    profile: str | None = None,
-    *,
-    dtypes: str | None = None,
-    device: str = "cpu",
-    max_examples: int | None = None,
-    seed: int = 0,
-) -> Context:
-    """Build a :class:`Context`, validating every argument (usage errors name the flag)."""
-    profile = profile or os.environ.get(PROFILE_ENV) or "ci"
-    if profile not in PROFILES:
-        raise UsageError(f"unknown profile {profile!r}: expected one of {', '.join(PROFILES)}")
-    limits = dict(PROFILES[profile])
-    if max_examples is not None:
-        if max_examples < 1:
-            raise UsageError(f"--max-examples must be at least 1, got {max_examples}")
-        limits["max_examples"] = max_examples
-    return Context(
-        profile=profile,
-        dtypes=parse_dtypes(dtypes),
-        device=_check_device(device),
-        seed=int(seed),
-        **limits,
-    )
-
-
-def parse_dtypes(text: str | None) -> tuple[torch.dtype, ...]:
-    if not text:
-        return (torch.float32, torch.float64)
-    out = []
-    for name in (t.strip() for t in text.split(",")):
-        if name not in DTYPES:
-            raise UsageError(f"unknown dtype {name!r} in --dtypes: expected {', '.join(DTYPES)}")
-        out.append(DTYPES[name])
-    return tuple(dict.fromkeys(out))
-
-
-def _check_device(device: str) -> str:
-    if device not in ("cpu", "cuda"):
-        raise UsageError(f"unknown device {device!r}: expected cpu or cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda was asked for, but torch sees no CUDA device")
-    return device
-
-
 def fix_temperature(ctx: Context, params, option: str = "--params") -> Context:
     """``ctx`` with the temperature that ``params`` fix, validated (positive and finite, else a
     usage error naming ``option``): every case then uses that T wherever it would draw one, and
@@ -153,6 +101,12 @@ def resolve_claims(spec: NormalizerSpec, claims: list[str] | None) -> list[str]:
     return list(dict.fromkeys(chosen))
 
 
+def plan(spec: NormalizerSpec, claims: list[str] | None, ctx: Context):
+    """``(spec with its checked claims, the properties certify runs on it, in order)``."""
+    chosen = resolve_claims(spec, claims)
+    return spec.with_claims(chosen), list(properties_for(chosen, ctx))
+
+
 def certify_target(
     spec: NormalizerSpec,
     claims: list[str] | None = None,
@@ -160,13 +114,18 @@ def certify_target(
     *,
     label: str | None = None,
     progress=None,
+    skip: Collection[str] = (),
 ) -> TargetResult:
-    """Check the universal properties and the claims of one normalizer."""
+    """Check the universal properties and the claims of one normalizer (except those in
+    ``skip``, by id)."""
     ctx = ctx or make_context()
-    chosen = resolve_claims(spec, claims)
-    spec = spec.with_claims(chosen)
-    result = TargetResult(target=label or spec.id, claims=chosen, params=dict(spec.params))
-    for prop in properties_for(chosen, ctx):
+    spec, props = plan(spec, claims, ctx)
+    result = TargetResult(target=label or spec.id, claims=list(spec.claims),
+                          params=dict(spec.params))
+    for prop in props:
+        if prop.id in skip:
+            continue
+        isolation.property_started(prop.id)  # tells a watching parent (no-op in-process)
         result.results.append(run_property(prop, spec, ctx, claimed=True))
         if progress is not None:
             progress(result.target, result.results[-1])
@@ -226,11 +185,14 @@ def run_property(
 def _evaluate(prop: Property, spec, ctx, state: _State, case) -> float:
     state.examples += 1
     state.last = case
+    isolation.example_started(case)  # the watchdog's clock (no-op outside a worker)
     try:
         ratio = float(prop.check(spec, case, ctx))
     except Exception as exc:
         exc.attnverify_case = case  # the failing case, whatever Hypothesis runs after it
         raise
+    finally:
+        isolation.example_finished()
     if math.isfinite(ratio):
         state.worst = max(state.worst, ratio)
     return ratio
@@ -243,17 +205,7 @@ def _hypothesis_test(prop: Property, spec: NormalizerSpec, ctx: Context, state: 
             hypothesis.target(min(ratio, 1e12), label=prop.id)
 
     examples = max(1, int(round(ctx.max_examples * prop.examples_scale)))
-    conf = settings(
-        max_examples=examples,
-        deadline=None,
-        database=None,
-        derandomize=False,
-        report_multiple_bugs=False,
-        suppress_health_check=list(HealthCheck),
-        verbosity=Verbosity.quiet,
-        phases=[Phase.generate, Phase.target, Phase.shrink],
-        print_blob=False,
-    )
+    conf = hypothesis_settings(ctx, examples)
     return hypothesis.seed(ctx.seed)(conf(given(prop.cases(spec, ctx))(body)))
 
 

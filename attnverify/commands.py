@@ -9,17 +9,50 @@ from __future__ import annotations
 import argparse
 import sys
 
-PROFILE_CHOICES = ("dev", "ci", "thorough")
+from attnverify.errors import UsageError
+from attnverify.runconfig import MAX_EXAMPLES_LIMIT, PROFILE_NAMES, PROFILES
+
+PROFILE_CHOICES = PROFILE_NAMES
+_TIMEOUTS = ", ".join(f"{name} {limits['timeout_s']} s" for name, limits in PROFILES.items())
+
+
+def _argument_type(check):
+    """An argparse ``type`` from a :mod:`attnverify.runconfig` checker (its message kept)."""
+
+    def parse(text: str):
+        try:
+            return check(text)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+
+    parse.__name__ = check.__name__.removeprefix("check_")
+    return parse
 
 
 def _positive_int(text: str) -> int:
+    from attnverify.runconfig import check_max_examples
+
     try:
-        value = int(text)
+        value = int(text) if text.strip().lstrip("+-").isdigit() and text.isascii() else None
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        value = None
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}")
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+    return _argument_type(check_max_examples)(value)
+
+
+def _seed(text: str) -> int:
+    from attnverify.runconfig import check_seed
+
+    return _argument_type(check_seed)(text)
+
+
+def _timeout(text: str) -> float:
+    from attnverify.runconfig import check_timeout
+
+    return _argument_type(check_timeout)(text)
 
 
 def _add_search_options(p: argparse.ArgumentParser) -> None:
@@ -27,8 +60,16 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", choices=PROFILE_CHOICES, default=None,
                    help="search budget (default: $ATTNVERIFY_PROFILE or ci)")
     p.add_argument("--max-examples", type=_positive_int, default=None,
-                   help="examples per property (overrides the profile)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
+                   help=f"examples per property, 1 to {MAX_EXAMPLES_LIMIT} (overrides the "
+                   "profile)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the search, 0 to 2**64-1 "
+                   "(default 0)")
+    p.add_argument("--timeout", type=_timeout, default=None, metavar="SECONDS",
+                   help="per-example time limit of the worker process (default per profile: "
+                   f"{_TIMEOUTS}); an example that runs longer fails its property")
+    p.add_argument("--no-isolation", action="store_true",
+                   help="run the target in this process (debugging: no time limit, and a target "
+                   "that exits ends the run; also ATTNVERIFY_ISOLATION=0)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -54,14 +95,16 @@ def _certify_args(p: argparse.ArgumentParser) -> None:
 
 def _run_certify(args) -> int:
     from attnverify import report
-    from attnverify.certify import certify_target, make_context, resolve_claims
-    from attnverify.registry import builtin_ids, load_target, parse_params
-    from attnverify.xfails import apply_xfails, load_xfails
+    from attnverify.certify import make_context
+    from attnverify.isolation import certify_all
+    from attnverify.registry import builtin_ids, parse_params
+    from attnverify.xfails import apply_xfails, check_entries, load_xfails
 
+    # every option checked here, before any work (loading the targets comes next)
     ctx = make_context(args.profile, dtypes=args.dtypes, device=args.device,
-                       max_examples=args.max_examples, seed=args.seed)
-    report.check_writable(args.json_path)
-    report.check_writable(args.markdown_path)
+                       max_examples=args.max_examples, seed=args.seed, timeout=args.timeout,
+                       isolation=False if args.no_isolation else None)
+    report.check_outputs(json=args.json_path, markdown=args.markdown_path)
     params = parse_params(args.params)
     from attnverify.certify import fix_temperature
 
@@ -70,13 +113,10 @@ def _run_certify(args) -> int:
                                                 if c.strip()]
     xfails = load_xfails(args.xfails) if args.xfails else None
     targets = args.targets or builtin_ids()
-    specs = [(t, load_target(t, params)) for t in targets]
-    for _, spec in specs:  # every usage error before any work
-        resolve_claims(spec, claims)
-    results = []
-    for label, spec in specs:
-        results.append(certify_target(spec, claims, ctx, label=label,
-                                      progress=None if args.quiet else _progress))
+    results = certify_all(targets, params, claims, ctx,
+                          progress=None if args.quiet else _progress,
+                          before_run=None if xfails is None else
+                          (lambda ids: check_entries(xfails, ids)))
     data = report.certificate(results, ctx)
     exit_code = 1 if any(t["verdict"] == "failed" for t in data["targets"]) else 0
     if xfails is not None:

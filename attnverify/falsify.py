@@ -26,15 +26,17 @@ from typing import Any, NamedTuple
 
 import hypothesis
 import torch
-from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import Phase, given
 from hypothesis import strategies as st
 
+from attnverify import isolation
 from attnverify import strategies as S
 from attnverify.checks.base import Context
 from attnverify.errors import UsageError
 from attnverify.expr import Inequality, parse_inequality
 from attnverify.quantities import QUANTITIES, evaluate_quantities
 from attnverify.registry import NormalizerSpec
+from attnverify.runconfig import hypothesis_settings
 from attnverify.serialize import encode_tensor, jsonable, number, repro_command
 from attnverify.tolerances import tol_for
 
@@ -137,7 +139,11 @@ def explicit_cases(spec: NormalizerSpec, ctx: Context | None = None) -> list[Fal
 
 
 def evaluate(spec, ineq: Inequality, case: FalsifyCase, params) -> Evaluation:
-    values = evaluate_quantities(ineq.names, spec, case.scores, case.temperature, params)
+    isolation.example_started(case)  # the watchdog's clock (no-op outside a worker)
+    try:
+        values = evaluate_quantities(ineq.names, spec, case.scores, case.temperature, params)
+    finally:
+        isolation.example_finished()
     lhs, rhs = ineq.evaluate(values)
     ratio = float(ineq.ratio(values))
     t = tol_for(F64)
@@ -146,12 +152,6 @@ def evaluate(spec, ineq: Inequality, case: FalsifyCase, params) -> Evaluation:
         ratio = math.nan  # no value: neither the worst case nor a failure
     return Evaluation(case, values, float(lhs), float(rhs), ratio, verdict == "fails",
                       verdict == "undefined")
-
-
-def _settings(examples: int, phases) -> settings:
-    return settings(max_examples=examples, deadline=None, database=None, derandomize=False,
-                    report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
-                    verbosity=Verbosity.quiet, phases=phases, print_blob=False)
 
 
 def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None = None,
@@ -194,8 +194,8 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
     test = given(strategy)(search)
     for case in explicit_cases(spec, ctx):
         test = hypothesis.example(case)(test)
-    hypothesis.seed(ctx.seed)(_settings(ctx.max_examples, [Phase.explicit, Phase.generate,
-                                                           Phase.target])(test))()
+    phases = (Phase.explicit, Phase.generate, Phase.target)
+    hypothesis.seed(ctx.seed)(hypothesis_settings(ctx, phases=phases)(test))()
     witness = found["smallest"]
     if witness is not None:
         witness = better(_shrink(spec, ineq, strategy, ctx, params), witness)
@@ -218,8 +218,7 @@ def _shrink(spec, ineq, strategy, ctx, params) -> Evaluation | None:
 
     test = given(strategy)(must_hold)
     try:
-        hypothesis.seed(ctx.seed)(_settings(ctx.max_examples,
-                                            [Phase.generate, Phase.target, Phase.shrink])(test))()
+        hypothesis.seed(ctx.seed)(hypothesis_settings(ctx)(test))()
     except _Failed:
         return last.get("ev")
     return None

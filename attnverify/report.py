@@ -7,7 +7,6 @@ file in the same directory, then ``os.replace``), so a partial file never replac
 from __future__ import annotations
 
 import json
-import os
 import platform
 from collections.abc import Iterable
 from pathlib import Path
@@ -15,10 +14,9 @@ from typing import Any
 
 import torch
 
-from attnverify.atomic import write_text_atomic
+from attnverify.atomic import check_output_path, check_output_paths, write_text_atomic
 from attnverify.certify import TargetResult
 from attnverify.checks.base import Context
-from attnverify.errors import UsageError
 from attnverify.normalizers import fused
 
 SCHEMA_VERSION = 1
@@ -36,6 +34,9 @@ def certificate(targets: Iterable[TargetResult], ctx: Context) -> dict[str, Any]
         "seed": ctx.seed,
         "dtypes": [str(d).removeprefix("torch.") for d in ctx.dtypes],
         "max_examples": ctx.max_examples,
+        # per-example time limit (s) and whether targets ran in a worker process (isolation.py)
+        "timeout_s": getattr(ctx, "timeout_s", None),
+        "isolation": bool(getattr(ctx, "isolation", False)),
         "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
         # which softmax the built-ins ran on (the fused CPU kernel or torch.softmax)
         "softmax_kernel": fused.status(),
@@ -43,17 +44,16 @@ def certificate(targets: Iterable[TargetResult], ctx: Context) -> dict[str, Any]
     }
 
 
-def check_writable(path: str | None) -> None:
-    """Fail fast (a usage error) when an output file could not be written later."""
-    if not path:
-        return
-    directory = os.path.dirname(os.path.abspath(path)) or "."
-    if not os.path.isdir(directory):
-        raise UsageError(f"cannot write {path!r}: directory {directory!r} does not exist")
-    if not os.access(directory, os.W_OK):
-        raise UsageError(f"cannot write {path!r}: directory {directory!r} is not writable")
-    if os.path.isdir(path):
-        raise UsageError(f"cannot write {path!r}: it is a directory")
+def check_writable(path: str | None, option: str = "output") -> None:
+    """Fail fast (a usage error) when an output file could not, or must not, be written later:
+    see :func:`attnverify.atomic.check_output_path`."""
+    if path:
+        check_output_path(path, option)
+
+
+def check_outputs(**paths: str | None) -> None:
+    """Every ``--option=path`` checked, and no two naming the same file (``json=…``)."""
+    check_output_paths({f"--{name.replace('_', '-')}": p for name, p in paths.items()})
 
 
 def write_atomic(path: str, text: str) -> None:

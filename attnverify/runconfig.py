@@ -1,0 +1,203 @@
+"""Run configuration, defined once for the command line and the pytest plugin.
+
+- :data:`PROFILES`: per profile, the examples per property, the longest row the strategies draw
+  and the per-example time limit of an isolated run (``--timeout`` overrides it). Each profile is
+  also registered with Hypothesis as ``attnverify-<name>`` (``settings.get_profile``).
+- :func:`make_context`: the one validated constructor of a :class:`RunContext` (profile, dtypes,
+  device, examples, seed, time limit, isolation); every bad value is a :class:`UsageError` that
+  names its option.
+- :func:`hypothesis_settings`: the one builder of the Hypothesis settings that ``certify``,
+  ``falsify``, ``claims`` and the plugin search with.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import cache
+
+from attnverify.errors import UsageError
+
+PROFILE_ENV = "ATTNVERIFY_PROFILE"
+#: ``0``/``off`` runs targets in the calling process (for debugging; no time limit).
+ISOLATION_ENV = "ATTNVERIFY_ISOLATION"
+
+#: Profiles: examples per property, the longest row the strategies may draw, and the
+#: per-example time limit in seconds of an isolated run.
+PROFILES: dict[str, dict[str, int]] = {
+    "dev": {"max_examples": 20, "max_length": 256, "timeout_s": 10},
+    "ci": {"max_examples": 50, "max_length": 4096, "timeout_s": 30},
+    "thorough": {"max_examples": 400, "max_length": 65536, "timeout_s": 120},
+}
+PROFILE_NAMES = tuple(PROFILES)
+DEFAULT_PROFILE = "ci"
+
+#: Upper bounds of the numeric options (beyond them: exit 2).
+MAX_EXAMPLES_LIMIT = 100_000
+MAX_TIMEOUT_S = 86_400.0
+MAX_SEED = 2**64 - 1
+
+DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
+DEVICES = ("cpu", "cuda")
+
+# torch and Hypothesis load on first use, so that the command line parses (and ``--help``
+# prints) without them: ``DTYPES`` and ``RunContext`` are module attributes built on demand.
+
+
+def __getattr__(name: str):
+    if name == "DTYPES":
+        return _dtypes()
+    if name == "RunContext":
+        return _run_context()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@cache
+def _dtypes() -> dict:
+    import torch
+
+    return {name: getattr(torch, name) for name in DTYPE_NAMES}
+
+
+@cache
+def _run_context() -> type:
+    from dataclasses import dataclass
+
+    from attnverify.checks.base import Context
+
+    @dataclass(frozen=True)
+    class RunContext(Context):
+        """A :class:`~attnverify.checks.base.Context` with the run's time limit per example and
+        whether targets run in a worker process (:mod:`attnverify.isolation`)."""
+
+        timeout_s: float = float(PROFILES[DEFAULT_PROFILE]["timeout_s"])
+        isolation: bool = True
+
+    RunContext.__module__, RunContext.__qualname__ = __name__, "RunContext"
+    return RunContext
+
+
+@cache
+def register_profiles() -> None:
+    """Register every profile with Hypothesis as ``attnverify-<name>`` (idempotent)."""
+    from hypothesis import HealthCheck, Verbosity, settings
+
+    base = dict(deadline=None, database=None, report_multiple_bugs=False,
+                suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
+                print_blob=False, derandomize=False)
+    for name, limits in PROFILES.items():
+        settings.register_profile(f"attnverify-{name}", max_examples=limits["max_examples"],
+                                  **base)
+
+
+def hypothesis_settings(ctx, max_examples: int | None = None, *, phases=None):
+    """The settings every search runs under: the profile's registered settings with the
+    context's example budget (or ``max_examples``) and ``phases`` (default generate, target,
+    shrink)."""
+    from hypothesis import Phase, settings
+
+    register_profiles()
+    profile = ctx.profile if ctx.profile in PROFILES else DEFAULT_PROFILE
+    phases = phases or (Phase.generate, Phase.target, Phase.shrink)
+    return settings(settings.get_profile(f"attnverify-{profile}"),
+                    max_examples=max_examples or ctx.max_examples, phases=list(phases))
+
+
+def make_context(
+    profile: str | None = None,
+    *,
+    dtypes: str | None = None,
+    device: str = "cpu",
+    max_examples: int | None = None,
+    seed: int = 0,
+    timeout: float | None = None,
+    isolation: bool | None = None,
+) -> RunContext:  # noqa: F821 - built on demand
+    """Build a :class:`RunContext`, validating every argument (usage errors name the flag)."""
+    profile = profile or os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
+    if profile not in PROFILES:
+        raise UsageError(f"unknown profile {profile!r}: expected one of {', '.join(PROFILES)}")
+    limits = dict(PROFILES[profile])
+    timeout_s = float(limits.pop("timeout_s"))
+    if max_examples is not None:
+        limits["max_examples"] = check_max_examples(max_examples)
+    if timeout is not None:
+        timeout_s = check_timeout(timeout)
+    return _run_context()(
+        profile=profile,
+        dtypes=parse_dtypes(dtypes),
+        device=check_device(device),
+        seed=check_seed(seed),
+        timeout_s=timeout_s,
+        isolation=isolation_default() if isolation is None else bool(isolation),
+        **limits,
+    )
+
+
+def check_max_examples(value) -> int:
+    value = _as_int(value, "--max-examples")
+    if not 1 <= value <= MAX_EXAMPLES_LIMIT:
+        raise UsageError(f"--max-examples must be between 1 and {MAX_EXAMPLES_LIMIT}, got {value}")
+    return value
+
+
+def check_seed(value) -> int:
+    value = _as_int(value, "--seed")
+    if not 0 <= value <= MAX_SEED:
+        raise UsageError(f"--seed must be between 0 and 2**64-1, got {value}")
+    return value
+
+
+def check_timeout(value) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"--timeout expects a number of seconds, got {value!r}") from None
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+        raise UsageError(f"--timeout must be a positive number of seconds up to "
+                         f"{MAX_TIMEOUT_S:g}, got {value!r}")
+    return value
+
+
+def _as_int(value, option: str) -> int:
+    if isinstance(value, bool):
+        raise UsageError(f"{option} expects an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    if not text.isascii() or not text.lstrip("+-").isdigit() or len(text) > 40:
+        raise UsageError(f"{option} expects an integer, got {str(value)[:40]!r}")
+    return int(text)
+
+
+def parse_dtypes(text: str | None) -> tuple:
+    """``--dtypes``: comma-separated names of :data:`DTYPES` (default float32,float64)."""
+    dtypes = _dtypes()
+    if not text:
+        return (dtypes["float32"], dtypes["float64"])
+    out = []
+    for name in (t.strip() for t in text.split(",")):
+        if name not in dtypes:
+            raise UsageError(f"unknown dtype {name!r} in --dtypes: expected {', '.join(dtypes)}")
+        out.append(dtypes[name])
+    return tuple(dict.fromkeys(out))
+
+
+def check_device(device: str) -> str:
+    if device not in DEVICES:
+        raise UsageError(f"unknown device {device!r}: expected cpu or cuda")
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for, but torch sees no CUDA device")
+    return device
+
+
+def isolation_default() -> bool:
+    """Whether targets run in a worker process unless told otherwise (``ATTNVERIFY_ISOLATION``)."""
+    raw = os.environ.get(ISOLATION_ENV, "").strip().lower()
+    if raw in ("", "1", "on", "true", "yes"):
+        return True
+    if raw in ("0", "off", "false", "no"):
+        return False
+    raise UsageError(f"{ISOLATION_ENV}={raw!r}: expected 1/on or 0/off")
