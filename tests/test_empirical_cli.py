@@ -103,6 +103,13 @@ BAD_VALUES = [
     (["--device", "cuda:x"], "--device"),
     (["--device", "tpu"], "--device"),
     (["--model", " "], "--model"),
+    (["--selectivity-temperatures", "nan"], "--selectivity-temperatures"),
+    (["--selectivity-temperatures", ","], "--selectivity-temperatures"),
+    (["--coverage-n", "0"], "--coverage-n"),
+    (["--training-steps", "-1"], "--training-steps"),
+    (["--training-layers", "0"], "--training-layers"),
+    (["--embeddings", ","], "--embeddings"),
+    (["--embeddings", "value,bogus"], "--embeddings"),
     (["--bogus-flag"], "--bogus-flag"),
 ]
 
@@ -397,6 +404,15 @@ def test_compressed_texts_load_and_a_corrupt_one_is_one_line(tmp_path, capsys):
     code, _, err = run_cli(QUICK + ["--text", str(tmp_path / "bad.txt.xz"),
                                     "--out", str(tmp_path / "o")], capsys)
     assert_one_line(code, err, 2, "bad.txt.xz", "not a valid xz file")
+
+
+@pytest.mark.parametrize("path,needle", [("/dev/zero", "not a regular file"),
+                                         (".", "is a directory")])
+def test_text_that_is_not_a_file_is_refused_without_reading_it(path, needle, tmp_path, capsys):
+    if not Path(path).exists():
+        pytest.skip(f"{path} does not exist here")
+    code, _, err = run_cli(QUICK + ["--text", path, "--out", str(tmp_path / "o")], capsys)
+    assert_one_line(code, err, 2, "--text", needle)  # /dev/zero would be read forever
 
 
 def test_no_user_facing_text_points_at_the_shared_folder(capsys):

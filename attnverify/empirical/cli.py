@@ -126,7 +126,8 @@ def _add_sizes(group) -> None:
                        help=f"N of the multi-head coverage measurement (default "
                             f"{default('coverage_n')})")
     group.add_argument("--training-steps", type=int, default=None,
-                       help=f"steps of paper B's training run (default {default('training_steps')})")
+                       help=f"steps of paper B's training run (default "
+                            f"{default('training_steps')})")
     group.add_argument("--training-layers", type=int, default=None,
                        help=f"layers of paper B's training run (default "
                             f"{default('training_layers')})")
@@ -170,13 +171,9 @@ def _explicit(args: argparse.Namespace) -> dict:
     if args.selectivity_temperatures is not None:
         out["selectivity_temperatures"] = cfg.parse_float_list(args.selectivity_temperatures,
                                                                "--selectivity-temperatures")
-    for name in ("coverage_n", "training_steps", "training_layers"):
-        value = getattr(args, name)
-        if value is not None:
-            if value < 1:
-                raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, "
-                                 f"got {value}")
-            out[name] = value
+    for name in ("coverage_n", "training_steps", "training_layers"):  # checked in config
+        if getattr(args, name) is not None:
+            out[name] = getattr(args, name)
     return out
 
 

@@ -216,6 +216,7 @@ def validate_settings(config: RunConfig) -> None:
     _positive(config.collapse_seeds, "--collapse-seeds")
     for values, flag in ((config.topn_list, "--topn-list"), (config.epsilons, "--epsilons"),
                          (config.collapse_lambdas, "--collapse-lambdas"),
+                         (config.selectivity_temperatures, "--selectivity-temperatures"),
                          (config.temperatures, "--temperature-points")):
         if not values or not all(math.isfinite(v) and v > 0 for v in values):
             raise UsageError(f"{flag}: expected positive finite values, got {list(values)}")
@@ -224,6 +225,11 @@ def validate_settings(config: RunConfig) -> None:
     _positive(config.mc_draws, "--mc-draws")
     _positive(config.critical_draws, "--critical-draws")
     _positive(config.collapse_depth, "--collapse-depth")
+    _positive(config.coverage_n, "--coverage-n")
+    _positive(config.training_steps, "--training-steps")
+    _positive(config.training_layers, "--training-layers")
+    if not {config.embeddings, *config.embedding_variants} <= set(EMBEDDINGS):
+        raise UsageError(f"--embeddings: expected a list of {', '.join(EMBEDDINGS)}")
     if config.min_length < 4:
         raise UsageError(f"--min-length={config.min_length} is too small: it must be at least 4")
     if config.max_length is not None and config.max_length < config.min_length:

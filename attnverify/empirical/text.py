@@ -70,6 +70,8 @@ def load_text(path: Path) -> Text:
     a Project Gutenberg header, table of contents and license are dropped (see
     :func:`gutenberg_prose`)."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise UsageError(f"--text {str(path)!r} is not a regular file (a device or a pipe)")
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
