@@ -57,6 +57,16 @@ def test_every_property_id_is_documented():
                         f"docs/INTERFACES.md nor docs/THEORY.md: {missing}"
 
 
+def test_every_attention_property_and_kernel_is_documented():
+    props = pytest.importorskip("attnverify.attention.properties")
+    kernels = pytest.importorskip("attnverify.attention.kernels")
+    text = _read("INTERFACES.md")
+    ids = list(props.ATTENTION_PROPERTIES)
+    ids += [k for k in kernels.builtins() if not k.startswith("eager_")]
+    missing = [i for i in ids if f"`{i}`" not in text]
+    assert not missing, f"attention ids missing from docs/INTERFACES.md: {missing}"
+
+
 def test_every_builtin_is_in_the_normalizer_table():
     text = _read("NORMALIZERS.md")
     missing = [nid for nid in BUILTINS if f"| `{nid}` |" not in text and f"`{nid}`" not in text]
