@@ -61,6 +61,8 @@ class TargetResult:
     claims: list[str]
     results: list[PropertyResult] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
+    #: What ``matches_reference`` compared with (``None``: no reference).
+    reference: str | None = None
 
     @property
     def verdict(self) -> str:
@@ -72,6 +74,7 @@ class TargetResult:
             "target": self.target,
             "claims": list(self.claims),
             "params": {k: jsonable(v) for k, v in self.params.items()},
+            "reference": self.reference,
             "verdict": self.verdict,
             "results": [r.to_json() for r in self.results],
         }
@@ -103,8 +106,35 @@ def resolve_claims(spec: NormalizerSpec, claims: list[str] | None) -> list[str]:
 
 def plan(spec: NormalizerSpec, claims: list[str] | None, ctx: Context):
     """``(spec with its checked claims, the properties certify runs on it, in order)``."""
+    spec, claims = with_reference(spec, claims, ctx)
     chosen = resolve_claims(spec, claims)
     return spec.with_claims(chosen), list(properties_for(chosen, ctx))
+
+
+def fix_reference(ctx: Context, reference: str | None) -> Context:
+    """``ctx`` comparing every target with ``reference`` (a target string, loaded here so that a
+    bad one is a usage error before any work); ``None`` leaves ``ctx`` unchanged."""
+    if not reference:
+        return ctx
+    from attnverify.registry import load_target
+
+    load_target(reference)
+    return dataclasses.replace(ctx, reference=reference.strip())
+
+
+def with_reference(spec: NormalizerSpec, claims: list[str] | None, ctx: Context):
+    """``(spec, claims)`` with the reference applied: ``--reference REF`` (``ctx.reference``)
+    replaces the spec's own and adds ``matches_reference`` to any claims; a spec with a reference
+    of its own (or a kernel) claims ``matches_reference`` unless ``claims`` replace its own."""
+    from attnverify.checks.reference import reference_label
+
+    if getattr(ctx, "reference", None):
+        spec = spec.with_reference(ctx.reference)
+        if claims is not None and "matches_reference" not in claims:
+            claims = [*claims, "matches_reference"]
+    elif claims is None and "matches_reference" not in spec.claims and reference_label(spec):
+        claims = [*spec.claims, "matches_reference"]
+    return spec, claims
 
 
 def certify_target(
@@ -120,8 +150,10 @@ def certify_target(
     ``skip``, by id)."""
     ctx = ctx or make_context()
     spec, props = plan(spec, claims, ctx)
+    from attnverify.checks.reference import reference_label
+
     result = TargetResult(target=label or spec.id, claims=list(spec.claims),
-                          params=dict(spec.params))
+                          params=dict(spec.params), reference=reference_label(spec))
     for prop in props:
         if prop.id in skip:
             continue

@@ -91,6 +91,10 @@ def _certify_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--xfails", default=None,
                    help="file of '<target>::<property>' substrings (# comments) expected to fail")
     p.add_argument("--quiet", action="store_true", help="print only the verdict lines")
+    p.add_argument("--reference", default=None, metavar="REF",
+                   help="compare every target with REF (a target string: built-in id, "
+                   "module:attr, file.py:attr; with --attention an attention target), evaluated "
+                   "in float64: adds the claim matches_reference")
 
 
 def _run_certify(args) -> int:
@@ -106,9 +110,10 @@ def _run_certify(args) -> int:
                        isolation=False if args.no_isolation else None)
     report.check_outputs(json=args.json_path, markdown=args.markdown_path)
     params = parse_params(args.params)
-    from attnverify.certify import fix_temperature
+    from attnverify.certify import fix_reference, fix_temperature
 
     ctx = fix_temperature(ctx, params)  # --params temperature=… fixes T for every check, or exit 2
+    ctx = fix_reference(ctx, args.reference)  # --reference REF loads (or exit 2) and applies
     claims = None if args.claims is None else [c.strip() for c in args.claims.split(",")
                                                 if c.strip()]
     xfails = load_xfails(args.xfails) if args.xfails else None

@@ -84,6 +84,8 @@ def terminal_table(data: dict[str, Any]) -> str:
     lines = []
     for target in data["targets"]:
         lines.append(f"== {target['target']}  ({', '.join(target['claims']) or 'no claims'})")
+        if target.get("reference"):
+            lines.append(f"  reference (float64): {target['reference']}")
         rows = [("property", "claimed", "status", "examples", "worst ratio", "time")]
         for r in target["results"]:
             rows.append((r["property"], "yes" if r["claimed"] else "no", _status_cell(r),
@@ -154,8 +156,10 @@ def markdown(data: dict[str, Any]) -> str:
     if "softmax_kernel" in data:
         lines += [f"Built-in softmax: {data['softmax_kernel']}.", ""]
     for target in data["targets"]:
-        lines += [f"## `{target['target']}` — {target['verdict']}", "",
-                  "| property | claimed | status | examples | worst ratio | message |",
+        lines += [f"## `{target['target']}` — {target['verdict']}", ""]
+        if target.get("reference"):
+            lines += [f"Reference (float64): `{target['reference']}`.", ""]
+        lines += ["| property | claimed | status | examples | worst ratio | message |",
                   "| --- | --- | --- | --- | --- | --- |"]
         for r in target["results"]:
             msg = r["message"].replace("|", "\\|")

@@ -54,6 +54,8 @@ class Context:
     device: str = "cpu"
     seed: int = 0
     temperature: float | None = None
+    #: ``--reference REF``: the target string every target is compared with (matches_reference).
+    reference: str | None = None
 
     @property
     def full_dtypes(self) -> tuple[torch.dtype, ...]:
