@@ -28,6 +28,10 @@ def _load(config_key: tuple):
     ctx = make_context(profile, dtypes=dtypes, device=device or "cpu",
                        max_examples=int(max_examples) if max_examples else None,
                        seed=int(seed or 0))
+    from attnverify.certify import fix_temperature
+
+    # --attnverify-params temperature=… fixes T for every property and bound (validated)
+    ctx = fix_temperature(ctx, parse_params(params), option="--attnverify-params")
     names = [t.strip() for t in target.split(",")] if target else builtin_ids()
     chosen = None if claims is None else [c.strip() for c in claims.split(",") if c.strip()]
     cases = []
@@ -111,4 +115,3 @@ def certificate_from_records(config, records: list[dict]) -> dict:
         t.results.sort(key=lambda r: order.index(r.property))
         t.claims = [r.property for r in t.results if not PROPERTIES[r.property].universal]
     return certificate(list(targets.values()), ctx)
-

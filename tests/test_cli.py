@@ -85,7 +85,7 @@ def test_certify_failure_is_exit_1_with_counterexample(capsys, tmp_path):
     (bad,) = [r for r in target["results"] if r["status"] == "violated"]
     assert bad["property"] == "simplex" and bad["worst_ratio"] > 1
     ce = bad["counterexample"]
-    assert ce["repro"].startswith("python -c") and "scores" in ce
+    assert ce["repro"].startswith("attnverify repro ") and "scores" in ce
     assert "repro:" in out and "VIOLATED" in out
 
 
@@ -142,7 +142,8 @@ def test_falsify_corollary3_as_stated(capsys, tmp_path):
     assert data["falsified"] and w["L"] == 2 and w["scores"][0] == w["scores"][1]
     assert w["ratio"] == pytest.approx(2.0, rel=1e-6)
     assert data["worst_ratio"] == pytest.approx(2.0, rel=1e-6)
-    assert "minimal witness: L=2" in out and "repro: attnverify falsify softmax" in out
+    assert "minimal witness: L=2" in out and "repro: attnverify repro softmax" in out
+    assert data["rerun"].startswith("attnverify falsify softmax")
 
 
 def test_falsify_corrected_bound_holds(capsys):
