@@ -333,23 +333,45 @@ def run_falsify_command(args) -> int:
     from attnverify.registry import load_target, parse_params
     from attnverify.report import check_writable, write_json
 
-    ctx = make_context(args.profile, max_examples=args.max_examples, seed=args.seed)
-    check_writable(args.json_path)
+    ctx = make_context(args.profile, max_examples=args.max_examples, seed=args.seed,
+                       timeout=args.timeout, isolation=False if args.no_isolation else None)
+    check_writable(args.json_path, "--json")
     params = parse_params(args.params)
     from attnverify.certify import fix_temperature
 
     ctx = fix_temperature(ctx, params)  # a bad temperature is exit 2, before any work
-    spec = load_target(args.target, params)
     parse_inequality(args.inequality, QUANTITIES)  # a usage error before any work
-    try:
-        res = falsify(spec, args.inequality, ctx, label=args.target, params=params)
+    if ctx.isolation:  # the target is loaded and searched in a worker (attnverify.isolation)
+        from attnverify.isolation import Worker, falsify_isolated
+
+        with Worker(ctx.timeout_s, memory_limit=ctx.device == "cpu") as worker:
+            res = falsify_isolated(worker, args.target, params, args.inequality, ctx)
+        if isinstance(res, tuple):
+            print(_stopped(*res))
+            return 1
         res.params = params
-    except UsageError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - most likely the normalizer raising on a case
-        print(f"error: the search stopped on {type(exc).__name__}: {exc}".splitlines()[0])
-        return 1
+    else:
+        spec = load_target(args.target, params)
+        try:
+            res = falsify(spec, args.inequality, ctx, label=args.target, params=params)
+            res.params = params
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - most likely the normalizer raising on a case
+            print(f"error: the search stopped on {type(exc).__name__}: {exc}".splitlines()[0])
+            return 1
     print(summary(res, ctx))
     if args.json_path:
         write_json(args.json_path, result_json(res, ctx))
     return 1 if res.falsified else 0
+
+
+def _stopped(message: str, case: dict | None) -> str:
+    """The report of a search that the code under test stopped (exit 1)."""
+    line = f"error: the search stopped: {message}"
+    if case:
+        scores = ", ".join(f"{v:.6g}" for v in case["scores"][:16])
+        more = " …" if len(case["scores"]) > 16 else ""
+        t = "" if case["temperature"] is None else f", T={case['temperature']:g}"
+        line += f"\n  input: L={case['L']}{t}, kind {case['kind']}, scores=[{scores}{more}]"
+    return line

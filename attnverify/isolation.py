@@ -294,7 +294,6 @@ def _spec(target: str, params: dict):
 
 def _job_plan(target: str, params: dict, claims, ctx) -> dict:
     from attnverify.certify import jsonable, plan
-
     from attnverify.checks.reference import reference_label
 
     spec, props = plan(_spec(target, params), claims, ctx)
@@ -342,7 +341,7 @@ def _job_falsify(target: str, params: dict, text: str, ctx, label: str, stop_at:
     _SLOT[1] = 0  # count the search's cases only, loaded or not
     _STOP_AT = stop_at
     try:
-        res = falsify(spec, text, ctx, label=label)
+        res = falsify(spec, text, ctx, label=label, params=dict(params))
     except _Reached as hit:
         case = hit.case
         return {"L": int(case.scores.shape[-1]), "scores": case.scores.tolist(),
@@ -353,8 +352,12 @@ def _job_falsify(target: str, params: dict, text: str, ctx, label: str, stop_at:
     return res
 
 
-_JOBS = {"plan": _job_plan, "certify": _job_certify, "certify_case": _job_certify_case,
-         "falsify": _job_falsify}
+def _job_load(target: str, params: dict) -> str:
+    return _spec(target, params).id
+
+
+_JOBS = {"load": _job_load, "plan": _job_plan, "certify": _job_certify,
+         "certify_case": _job_certify_case, "falsify": _job_falsify}
 
 
 # --------------------------------------------------------------------------------------------
@@ -459,7 +462,12 @@ def _failed_property(worker, entry, params, claims, ctx, prop, exc: WorkerFailed
 
 
 def falsify_isolated(worker: Worker, target: str, params: dict, text: str, ctx):
-    """``falsify`` in the worker: its result, or ``(message, case)`` when the worker failed."""
+    """``falsify`` in the worker: its result, or ``(message, case or None)`` when the worker
+    failed (the case replayed as in :func:`certify_plans`). Usage errors raise as usual."""
+    try:
+        worker.call("load", target, params)
+    except WorkerFailed as exc:
+        return f"loading the target {exc.reason}", None
     try:
         return worker.call("falsify", target, params, text, ctx, target)
     except WorkerFailed as exc:
@@ -470,7 +478,7 @@ def falsify_isolated(worker: Worker, target: str, params: dict, text: str, ctx):
                 case = worker.call("falsify", target, params, text, ctx, target, exc.example)
             except WorkerFailed:
                 case = None
-        return f"the normalizer {exc.reason}{where}", case
+        return f"the normalizer {exc.reason}{where}", case if isinstance(case, dict) else None
 
 
 def certify_all(targets: list[str], params: dict, claims, ctx, *, progress=None,

@@ -4,7 +4,8 @@ A test id is ``<target>::<property>`` (e.g. ``sparsemax::jacobian_spectral_half`
 an xfails file is ``TARGET::PROPERTY``, where each side is a name or a shell-style pattern
 (``*`` any run of characters, ``?`` one character, ``[abc]`` one of a set), matched against the
 whole side, case-sensitively: ``sparsemax::jacobian_spectral_half``, ``sparsemax::*``,
-``*::thm1_fixed_distance``, ``entmax*::jacobian_*``. A failing result whose id an entry matches
+``*::thm1_fixed_distance``, ``entmax*::jacobian_*``. The target side matches the target as
+given or its attribute name (``my_softmax`` for ``path/norms.py:my_softmax``). A failing result whose id an entry matches
 is expected and does not fail the run, so CI can gate on regressions only.
 
 Entries are strict, because a loose one hides real failures: a line without ``::``, with an empty
@@ -82,7 +83,8 @@ def matches(entry: str, tid: str) -> bool:
     """Whether the pattern ``entry`` names the test id ``tid`` (each side matched whole)."""
     target, _, prop = entry.partition("::")
     tid_target, _, tid_prop = tid.rpartition("::")
-    return fnmatchcase(tid_target, target) and fnmatchcase(tid_prop, prop)
+    names = (tid_target, tid_target.rpartition(":")[2])  # as given, or its attribute name
+    return fnmatchcase(tid_prop, prop) and any(fnmatchcase(n, target) for n in names)
 
 
 def check_entries(entries: Iterable[str], ids: Iterable[str]) -> None:
