@@ -34,6 +34,8 @@ _OPTIONS = [
     ("json", "ATTNVERIFY_JSON", "write the JSON certificate here"),
     ("markdown", "ATTNVERIFY_MARKDOWN", "write a Markdown certificate here"),
     ("xfails", "ATTNVERIFY_XFAILS", "file of '<target>::<property>' substrings expected to fail"),
+    ("reference", "ATTNVERIFY_REFERENCE", "compare every target with this normalizer (a target "
+     "string), evaluated in float64: adds the claim matches_reference"),
 ]
 
 
@@ -67,6 +69,8 @@ def _validate(config, target: str) -> None:
         for name in target.split(","):
             resolve_claims(load_target(name.strip(), parse_params(option(config, "params"))),
                            chosen)
+        if option(config, "reference"):
+            load_target(option(config, "reference"))
     except UsageError as exc:
         raise pytest.UsageError(f"attnverify: {exc}") from None
 
