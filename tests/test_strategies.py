@@ -420,3 +420,12 @@ def test_the_tests_run_derandomized():
     """tests/conftest.py's profile is live, and the settings used here keep it."""
     for conf in (settings.default, FIND, FEW, SOME):
         assert conf.derandomize and conf.database is None, conf
+
+
+def test_the_suites_own_settings_ignore_the_tests_profile():
+    """certify, falsify, claims and the plugin search unseeded by the tests' profile: they use
+    their own seed (hypothesis.seed), whatever profile is loaded in the process."""
+    from attnverify.runconfig import hypothesis_settings, make_context
+
+    conf = hypothesis_settings(make_context("ci"))
+    assert not conf.derandomize and conf.database is None and conf.deadline is None
