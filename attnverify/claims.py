@@ -17,10 +17,11 @@ from typing import Any
 import torch
 
 from attnverify import bounds
-from attnverify.certify import jsonable, make_context, run_property
+from attnverify.certify import make_context, run_property
 from attnverify.checks import PROPERTIES
 from attnverify.checks.base import Context
 from attnverify.registry import load_target
+from attnverify.serialize import jsonable
 
 
 @dataclass
@@ -81,10 +82,13 @@ def _falsify_row(row: ClaimRow, inequality: str, target: str, ctx: Context) -> C
     if res.witness is None:
         row.verdict = "holds"
         return row
+    from attnverify.falsify import repro
+
     w = res.witness
     row.verdict = "falsified"
     row.counterexample = {"scores": w.case.scores.tolist(), "temperature": w.case.temperature,
-                          "kind": w.case.kind, "lhs": w.lhs, "rhs": w.rhs, "ratio": w.ratio}
+                          "kind": w.case.kind, "lhs": w.lhs, "rhs": w.rhs, "ratio": w.ratio,
+                          "repro": repro(res, ctx)}
     row.note = (f"witness L={w.case.scores.numel()}: LHS {w.lhs:.4g} > RHS {w.rhs:.4g} "
                 f"(ratio {w.ratio:.4g})")
     return row
