@@ -34,6 +34,10 @@ def _cmd_list(args) -> int:
         source = spec.citation if spec.source == "builtin" else spec.source
         rows.append((spec.id, spec.space, params, source))
     print(_table(rows))
+    from attnverify.attention.kernels import list_rows
+
+    print("\nattention targets (certify --attention TARGET):")
+    print(_table(list_rows()))
     return EXIT_OK
 
 

@@ -95,9 +95,16 @@ def _certify_args(p: argparse.ArgumentParser) -> None:
                    help="compare every target with REF (a target string: built-in id, "
                    "module:attr, file.py:attr; with --attention an attention target), evaluated "
                    "in float64: adds the claim matches_reference")
+    from attnverify.attention.command import add_arguments as add_attention_arguments
+
+    add_attention_arguments(p)  # --attention (and --reference where no one else added it)
 
 
 def _run_certify(args) -> int:
+    if getattr(args, "attention", None) is not None:
+        from attnverify.attention.command import run_certify as run_attention
+
+        return run_attention(args)
     from attnverify import report
     from attnverify.certify import make_context
     from attnverify.isolation import certify_all
@@ -155,6 +162,11 @@ def _run_properties(args) -> int:
         for prop in PROPERTIES.values():
             if prop.universal == universal:
                 print(f"  {prop.id.ljust(width)}  {prop.statement}")
+    from attnverify.attention.properties import ATTENTION_PROPERTIES
+
+    print("attention (certify --attention; claimable: attn_convex_hull, attn_fully_masked_row):")
+    for prop in ATTENTION_PROPERTIES.values():
+        print(f"  {prop.id.ljust(max(width, 27))}  {prop.statement}")
     return 0
 
 

@@ -1,0 +1,325 @@
+"""Attention-level checks. Each takes ``(spec, case, ctx)`` where ``spec`` is the lifted
+:class:`~attnverify.registry.NormalizerSpec` (``spec.fn.attention`` is the kernel) and ``case`` an
+:class:`~attnverify.attention.cases.AttnCase`; each returns the worst ratio observed / allowed or
+raises :class:`Violation`. Outputs are compared with the float64 reference under the rule of
+:mod:`attnverify.attention.tolerance`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnverify.attention import mods, tolerance
+from attnverify.attention.reference import F64, allowed_and_bias, eager, expand_heads
+from attnverify.checks.base import NormalizerError, Violation, describe_dtype
+from attnverify.tolerances import tol_for
+
+NEG_INF = float("-inf")
+
+
+def attention_of(spec):
+    return spec.fn.attention
+
+
+def _mod_params(a) -> dict:
+    return {k: v for k, v in a.params.items() if k in ("window", "cap")}
+
+
+def run(a, q, k, v, mask=None, causal=False, scale=None, gqa=False) -> torch.Tensor:
+    """Call the kernel; its exceptions come back as :class:`NormalizerError`; a result of the
+    wrong type or shape is a violation."""
+    kw = {"enable_gqa": True} if gqa else {}
+    try:
+        out = a(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, **kw)
+    except Exception as exc:  # noqa: BLE001 - the kernel's fault, classified by certify
+        raise NormalizerError(exc) from exc
+    want = (*q.shape[:-1], v.shape[-1])
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise Violation(f"output {got}, but should be {want}", observed=1, bound=0,
+                        ratio=math.inf)
+    return out
+
+
+def reference(a, q, k, v, mask=None, causal=False, scale=None, gqa=False) -> torch.Tensor:
+    """The float64 output the kernel must match: the eager reference of its normalizer (and
+    score mod), or ``a.reference`` — a normalizer id, or an attention target run in float64
+    where it takes float64 (else in the input dtype)."""
+    if a.reference:
+        other = _reference_target(a.reference)
+        if other is not None:
+            dtype = F64 if other.supports(F64) else q.dtype
+            args = [t.to(dtype) for t in (q, k, v)]
+            m = mask if mask is None or mask.dtype == torch.bool else mask.to(dtype)
+            return run(other, *args, m, causal, scale, gqa).to(F64)
+        return eager(q, k, v, mask, causal, scale, gqa, normalizer=a.reference,
+                     score_mod=a.score_mod, mod_params=_mod_params(a))
+    return eager(q, k, v, mask, causal, scale, gqa, normalizer=a.normalizer,
+                 score_mod=a.score_mod, mod_params=_mod_params(a))
+
+
+def _reference_target(name: str):
+    """The attention spec ``name`` names, or ``None`` when it is a normalizer id."""
+    from attnverify.attention.loader import load_attention
+    from attnverify.registry import builtins
+
+    return None if name in builtins() else load_attention(name)
+
+
+def allowed_keys(a, case, q=None, k=None, mask="case", causal=None) -> torch.Tensor:
+    """Boolean ``[B, H, L_q, L_k]``: the keys each query attends (for the tolerance rule)."""
+    q = case.q if q is None else q
+    k = case.k if k is None else k
+    mask = case.attn_mask if isinstance(mask, str) else mask
+    causal = case.is_causal if causal is None else causal
+    allowed, bias = allowed_and_bias(mask, causal, q.shape[-2], k.shape[-2], q.device)
+    if bias is not None:
+        allowed = allowed & ~torch.isneginf(bias)
+    if a.score_mod is not None:
+        allowed = allowed & mods.allowed(a.score_mod, q.shape[-2], k.shape[-2], q.device,
+                                         **_mod_params(a))
+    return allowed.expand(q.shape[0], q.shape[1], q.shape[-2], k.shape[-2])
+
+
+def compare(label: str, got, want, a, case, *, q=None, k=None, v=None, mask="case",
+            causal=None, scale="case", allowed=None, **details) -> float:
+    """``|got − want| ≤`` the tolerance rule, else a :class:`Violation` naming ``label``."""
+    q = case.q if q is None else q
+    k = case.k if k is None else k
+    v = case.v if v is None else v
+    scale = case.scale if scale == "case" else scale
+    heads = q.shape[-3]
+    k_full, v_full = expand_heads(k, heads), expand_heads(v, heads)
+    if allowed is None:
+        allowed = allowed_keys(a, case, q, k_full, mask, causal)
+    limit = tolerance.output_allowed(want, q, k_full, v_full, scale, q.dtype, allowed)
+    g = got.detach().to(device="cpu", dtype=F64)
+    w, limit = want.detach().to("cpu", F64), limit.cpu()
+    diff = (g - w).abs().nan_to_num(nan=math.inf)
+    ratio = diff / limit
+    worst = float(ratio.max()) if ratio.numel() else 0.0
+    if worst > 1 or math.isnan(worst):
+        idx = int(ratio.flatten().nan_to_num(math.inf).argmax())
+        n = int((ratio > 1).sum())
+        pos = [int(x) for x in torch.unravel_index(torch.tensor(idx), ratio.shape)]
+        raise Violation(
+            f"{label}: mismatched elements {n} / {ratio.numel()}; greatest difference "
+            f"{float(diff.flatten()[idx]):.3g} at [b, h, i, c] = {pos} (up to "
+            f"{float(limit.flatten()[idx]):.3g} allowed; got {float(g.flatten()[idx]):.6g}, "
+            f"reference {float(w.flatten()[idx]):.6g}) [{describe_dtype(q.dtype)}]",
+            observed=worst, bound=1, ratio=worst, at=pos, **details)
+    return worst
+
+
+def _against_reference(label, spec, case, **over) -> float:
+    a = attention_of(spec)
+    args = dict(q=case.q, k=case.k, v=case.v, mask=case.attn_mask, causal=case.is_causal,
+                scale=case.scale, gqa=case.enable_gqa)
+    args.update(over)
+    got = run(a, **args)
+    want = reference(a, **args)
+    return compare(label, got, want, a, case, q=args["q"], k=args["k"], v=args["v"],
+                   mask=args["mask"], causal=args["causal"], scale=args["scale"])
+
+
+# --------------------------------------------------------------------------------------------
+# Checks
+
+
+def check_reference(spec, case, ctx) -> float:
+    """Output equals the float64 eager reference (masks, scale, GQA as the case says)."""
+    return _against_reference("output vs the float64 eager reference", spec, case)
+
+
+def check_mask(spec, case, ctx) -> float:
+    """Output equals the reference under the case's mask, and keys masked for every query have
+    no influence at all: changing their keys and values leaves the output bitwise unchanged."""
+    ratio = _against_reference(f"{case.recipe['mask']} mask honoured", spec, case)
+    return max(ratio, _masked_keys_inert(spec, case))
+
+
+def _masked_keys_inert(spec, case) -> float:
+    a, mask = attention_of(spec), case.attn_mask
+    if mask is None or mask.dtype != torch.bool:
+        return 0.0
+    full = mask.expand(*case.q.shape[:-1], case.k.shape[-2])
+    dead = ~full.any(dim=-2).any(dim=-2)  # [B, L_k]: masked for every head and query
+    if not bool(dead.any()):
+        return 0.0
+    sel = dead[:, None, :, None]
+    k2 = torch.where(sel, case.k * 100 + 7, case.k)
+    v2 = torch.where(sel, torch.full_like(case.v, 1e3), case.v)
+    base = run(a, case.q, case.k, case.v, mask, case.is_causal, case.scale, case.enable_gqa)
+    moved = run(a, case.q, k2, v2, mask, case.is_causal, case.scale, case.enable_gqa)
+    if not torch.equal(base.nan_to_num(), moved.nan_to_num()):
+        diff = float((base.to(F64) - moved.to(F64)).abs().nan_to_num(math.inf).max())
+        raise Violation(f"changing the keys and values of masked keys "
+                        f"{dead.nonzero()[:, 1].tolist()[:16]} changed the output by up to "
+                        f"{diff:.3g} (masked keys must have no influence)",
+                        observed=diff, bound=0, ratio=math.inf)
+    return 0.0
+
+
+def check_padding(spec, case, ctx) -> float:
+    """Key padding (``[B, 1, 1, L_k]``): equal to the reference, padded keys inert, and equal
+    to the same kernel on the unpadded keys alone."""
+    a = attention_of(spec)
+    ratio = max(_against_reference("padding mask honoured", spec, case),
+                _masked_keys_inert(spec, case))
+    n_valid = case.attn_mask.reshape(case.q.shape[0], -1).sum(-1)
+    full = run(a, case.q, case.k, case.v, case.attn_mask, False, case.scale, case.enable_gqa)
+    for b in range(case.q.shape[0]):
+        n = int(n_valid[b])
+        q, k, v = case.q[b:b + 1], case.k[b:b + 1, :, :n], case.v[b:b + 1, :, :n]
+        alone = run(a, q, k, v, None, False, case.scale, case.enable_gqa)
+        ratio = max(ratio, compare(f"batch {b}: padded to {case.k.shape[-2]} keys vs its {n} "
+                                   "valid keys alone", full[b:b + 1], alone.to(F64), a, case,
+                                   q=q, k=k, v=v, mask=None, causal=False))
+    return ratio
+
+
+def check_fully_masked(spec, case, ctx) -> float:
+    """A query that may attend no key gets exactly 0 (finite, no NaN); the others match."""
+    a = attention_of(spec)
+    out = run(a, case.q, case.k, case.v, case.attn_mask, case.is_causal, case.scale,
+              case.enable_gqa)
+    dead = ~allowed_keys(a, case).any(dim=-1)
+    rows = out[dead]
+    if rows.numel() and not bool((rows == 0).all()):
+        bad = rows[rows != 0]
+        where = [int(x) for x in dead.nonzero()[0]]
+        raise Violation(f"a query with every key masked (at [b, h, i] = {where}) gave "
+                        f"{float(bad.flatten()[0])} (all zeros expected)",
+                        observed=float(bad.abs().nan_to_num(math.inf).max()), bound=0,
+                        ratio=math.inf)
+    return _against_reference("other queries next to fully masked ones", spec, case)
+
+
+def check_convex_hull(spec, case, ctx) -> float:
+    """Each output row lies in the convex hull of the values of the keys it attends: checked
+    coordinate-wise and along 8 random directions (min ≤ ⟨u, out⟩ ≤ max over attended keys)."""
+    a = attention_of(spec)
+    out = run(a, case.q, case.k, case.v, case.attn_mask, case.is_causal, case.scale,
+              case.enable_gqa).to(F64)
+    v = expand_heads(case.v, case.q.shape[-3]).to(F64)
+    allowed = allowed_keys(a, case)
+    live = allowed.any(-1)
+    g = torch.Generator().manual_seed(int(case.recipe["seed"]) + 11)
+    dirs = torch.cat([torch.eye(v.shape[-1], dtype=F64),
+                      torch.randn(8, v.shape[-1], generator=g, dtype=F64)])
+    proj_v = v @ dirs.T  # [B, H, L_k, n]
+    proj_o = out @ dirs.T  # [B, H, L_q, n]
+    big = allowed[..., None]
+    hi = torch.where(big, proj_v[..., None, :, :], -math.inf).amax(-2)
+    lo = torch.where(big, proj_v[..., None, :, :], math.inf).amin(-2)
+    scale = proj_v.abs().amax(dim=-2, keepdim=True)  # [B, H, 1, n]
+    t = tol_for(case.q.dtype)
+    rounding = t.rtol + tolerance.unit_roundoff(case.q.dtype) + (
+        2.0 + math.sqrt(case.k.shape[-2])) * tolerance.U32
+    limit = t.atol + rounding * scale
+    excess = torch.maximum(proj_o - hi, lo - proj_o).clamp_min(0) / limit
+    excess = torch.where(live[..., None], excess, torch.zeros_like(excess)).nan_to_num(math.inf)
+    worst = float(excess.max()) if excess.numel() else 0.0
+    if worst > 1:
+        b, h, i, n = (int(x) for x in torch.unravel_index(excess.argmax(), excess.shape))
+        raise Violation(f"output row [b, h, i] = {[b, h, i]} leaves the convex hull of its "
+                        f"values along direction {n}: {float(proj_o[b, h, i, n]):.6g} not in "
+                        f"[{float(lo[b, h, i, n]):.6g}, {float(hi[b, h, i, n]):.6g}]",
+                        observed=worst, bound=1, ratio=worst)
+    return worst
+
+
+def check_key_permutation(spec, case, ctx) -> float:
+    """Permuting keys and values (and the mask's key axis) leaves the output unchanged."""
+    a = attention_of(spec)
+    g = torch.Generator().manual_seed(int(case.recipe["seed"]) + 12)
+    perm = torch.randperm(case.k.shape[-2], generator=g)
+    mask = case.attn_mask
+    pmask = None if mask is None else mask[..., perm] if mask.shape[-1] > 1 else mask
+    base = run(a, case.q, case.k, case.v, mask, False, case.scale, case.enable_gqa)
+    moved = run(a, case.q, case.k[..., perm, :], case.v[..., perm, :], pmask, False,
+                case.scale, case.enable_gqa)
+    return compare("keys permuted (mask alike) vs not", moved, base.to(F64), a, case,
+                   perm=perm.tolist()[:64])
+
+
+def check_gqa(spec, case, ctx) -> float:
+    """``enable_gqa=True`` with fewer key/value heads equals the same kernel on key/value
+    heads repeated (``repeat_interleave``: query head h reads key head h // (H / H_kv))."""
+    a = attention_of(spec)
+    heads = case.q.shape[-3]
+    grouped = run(a, case.q, case.k, case.v, case.attn_mask, case.is_causal, case.scale, True)
+    k, v = expand_heads(case.k, heads), expand_heads(case.v, heads)
+    repeated = run(a, case.q, k, v, case.attn_mask, case.is_causal, case.scale, False)
+    ratio = compare(f"GQA ({heads} query heads, {case.k.shape[-3]} key/value heads) vs heads "
+                    "repeated", grouped, repeated.to(F64), a, case, k=k, v=v)
+    return max(ratio, _against_reference("GQA vs the float64 reference", spec, case,
+                                         gqa=True))
+
+
+def check_batch_head_independent(spec, case, ctx) -> float:
+    """Each (batch, head) computed alone equals it computed inside the batch, next to slices
+    whose queries are 50 times larger."""
+    a = attention_of(spec)
+    q = case.q.clone()
+    q[1:] = q[1:] * 50
+    if q.shape[1] > 1 and not case.enable_gqa:
+        q[:, 1:] = q[:, 1:] * 50
+    mask = case.attn_mask
+    full = run(a, q, case.k, case.v, mask, case.is_causal, case.scale, case.enable_gqa)
+    ratio = 0.0
+    group = q.shape[1] // case.k.shape[1]
+    for b in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            hk = h // group
+            m = None if mask is None else mask.expand(*q.shape[:-1], case.k.shape[-2])[
+                b:b + 1, h:h + 1]
+            alone = run(a, q[b:b + 1, h:h + 1], case.k[b:b + 1, hk:hk + 1],
+                        case.v[b:b + 1, hk:hk + 1], m, case.is_causal, case.scale, False)
+            ratio = max(ratio, compare(f"batch {b}, head {h} alone vs inside the batch",
+                                       full[b:b + 1, h:h + 1], alone.to(F64), a, case,
+                                       q=q[b:b + 1, h:h + 1], k=case.k[b:b + 1, hk:hk + 1],
+                                       v=case.v[b:b + 1, hk:hk + 1], mask=m))
+    return ratio
+
+
+def check_low_precision(spec, case, ctx) -> float:
+    """float16 / bfloat16 output vs the float64 reference of the same (rounded) inputs."""
+    return _against_reference(f"{describe_dtype(case.q.dtype)} output vs the float64 "
+                              "reference", spec, case)
+
+
+def check_gradients(spec, case, ctx) -> float:
+    """Gradients w.r.t. q, k and v (of ⟨out, G⟩ for a random G) equal the float64 eager
+    reference's autograd gradients."""
+    a = attention_of(spec)
+    g = torch.Generator().manual_seed(int(case.recipe["seed"]) + 13)
+    leaves = [t.detach().clone().requires_grad_(True) for t in (case.q, case.k, case.v)]
+    ref_leaves = [t.detach().to(F64).clone().requires_grad_(True) for t in leaves]
+    out = run(a, *leaves, case.attn_mask, case.is_causal, case.scale, case.enable_gqa)
+    cot = torch.randn(out.shape, generator=g, dtype=F64)
+    try:
+        grads = torch.autograd.grad((out * cot.to(out.dtype)).sum(), leaves, allow_unused=True)
+    except Exception as exc:  # noqa: BLE001
+        raise NormalizerError(exc) from exc
+    want = reference(a, *ref_leaves, case.attn_mask, case.is_causal, case.scale,
+                     case.enable_gqa)
+    ref_grads = torch.autograd.grad((want * cot).sum(), ref_leaves)
+    ratio = 0.0
+    heads = case.q.shape[-3]
+    for name, got, ref in zip("qkv", grads, ref_grads):
+        if got is None:
+            got = torch.zeros_like(ref)
+        limit = tolerance.grad_allowed(ref, case.q, expand_heads(case.k, heads), case.scale,
+                                       case.q.dtype)
+        diff = (got.to(F64) - ref).abs().nan_to_num(nan=math.inf)
+        r = float((diff / limit).max()) if diff.numel() else 0.0
+        if r > 1:
+            raise Violation(f"d⟨out, G⟩/d{name}: greatest difference {float(diff.max()):.3g} "
+                            f"from the float64 eager reference's autograd gradient (ratio "
+                            f"{r:.3g} to the allowed) [{describe_dtype(case.q.dtype)}]",
+                            observed=r, bound=1, ratio=r, wrt=name)
+        ratio = max(ratio, r)
+    return ratio

@@ -1,0 +1,74 @@
+"""The ``--attention`` option of ``attnverify certify`` (and ``--reference`` for it).
+
+``attnverify certify --attention sdpa,flex [--reference REF] [--claims …] [--profile …] …``
+certifies attention kernels; every other option means what it means for normalizers. Positional
+TARGETs given with ``--attention`` are attention targets too.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--attention", default=None, metavar="TARGET[,TARGET]",
+                   help="certify attention kernels with SDPA's signature f(q, k, v, attn_mask, "
+                   "is_causal, scale): built-in ids (attnverify list), module:attr, file.py:attr")
+    if "--reference" not in p._option_string_actions:
+        p.add_argument("--reference", default=None, metavar="REF",
+                       help="compare with REF: a normalizer id, or (with --attention) an "
+                       "attention target")
+
+
+def split(text: str | None) -> list[str]:
+    return [t.strip() for t in (text or "").split(",") if t.strip()]
+
+
+def run_certify(args) -> int:
+    import dataclasses
+
+    from attnverify import report
+    from attnverify.attention.loader import load_attention
+    from attnverify.attention.run import certify_attention, progress_line, resolve_claims
+    from attnverify.certify import make_context
+    from attnverify.errors import UsageError
+    from attnverify.registry import builtins, parse_params
+    from attnverify.xfails import apply_xfails, load_xfails
+
+    targets = split(args.attention) + list(args.targets or [])
+    if not targets:
+        raise UsageError("--attention needs at least one target (see 'attnverify list')")
+    ctx = make_context(args.profile, dtypes=args.dtypes, device=args.device,
+                       max_examples=args.max_examples, seed=args.seed)
+    report.check_outputs(json=args.json_path, markdown=args.markdown_path)
+    params = parse_params(args.params)
+    claims = None if args.claims is None else split(args.claims)
+    xfails = load_xfails(args.xfails) if args.xfails else None
+    specs = [load_attention(t, params) for t in targets]
+    ref = getattr(args, "reference", None)
+    if ref:
+        if ref not in builtins():
+            try:  # a usage error now, not in the middle of the run
+                load_attention(ref)
+            except UsageError as exc:
+                raise UsageError(f"--reference {ref!r} is neither a built-in normalizer id nor "
+                                 f"an attention target ({exc})") from None
+        specs = [dataclasses.replace(s, reference=ref) for s in specs]
+    for spec in specs:  # every usage error before any work
+        resolve_claims(spec, claims)
+    progress = None if args.quiet else progress_line
+    results = [certify_attention(s, claims, ctx, label=t, progress=progress)
+               for t, s in zip(targets, specs)]
+    data = report.certificate(results, ctx)
+    exit_code = 1 if any(t["verdict"] == "failed" for t in data["targets"]) else 0
+    if xfails is not None:
+        exit_code = apply_xfails(data, xfails)
+    if args.json_path:
+        report.write_json(args.json_path, data)
+    if args.markdown_path:
+        report.write_atomic(args.markdown_path, report.markdown(data))
+    text = report.terminal_table(data)
+    if args.quiet:
+        text = "\n".join(line for line in text.splitlines() if line.startswith("verdict:"))
+    print(text)
+    return exit_code

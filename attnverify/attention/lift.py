@@ -1,0 +1,97 @@
+"""An attention kernel as a normalizer ``S ↦ α``, so that every normalizer property applies.
+
+For scores ``S`` ``[rows, L]`` (``-inf`` = masked key) the kernel is called with
+
+- ``query = S`` with masked entries set to 0, ``key = I_L`` and ``scale = 1``: the scores it forms,
+  ``scale·Q·Kᵀ = S``, are exact in any precision (each is one product by 1 plus zeros);
+- ``attn_mask`` = ``S ≠ -inf`` (boolean, "may attend"): masked keys travel in the mask, never as
+  ``-inf`` inside ``Q`` (``-inf · 0`` would be NaN in ``Q·Kᵀ``);
+- ``value = I_L``: the output ``α · I`` *is* the weight matrix.
+
+The rows become the queries of one ``[1, 1, rows, L]`` call. ``K = I`` needs head dimension
+``d = L``, so a kernel with ``max_head_dim`` is lifted only on rows up to that length; longer rows
+are checked by the attention-level properties on generated ``Q``, ``K``, ``V``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from attnverify.attention.spec import AttentionSpec
+from attnverify.registry import NormalizerSpec
+from attnverify.spec import SPACE_CLAIMS
+
+NEG_INF = float("-inf")
+
+#: Normalizer claims that carry over to a lifted kernel (the paper claims are the normalizer's).
+LIFTED_CLAIMS = ("simplex", "sub_simplex", "nonnegative", "affine_sum", "shift_invariant",
+                 "order_preserving", "fully_masked_row")
+
+
+class Lifted:
+    """``fn(scores, dim=-1)`` calling the attention kernel; ``.attention`` is its spec."""
+
+    def __init__(self, attention: AttentionSpec):
+        self.attention = attention
+        self.__name__ = attention.id
+        self.__doc__ = f"{attention.id} lifted to a normalizer (Q = S, K = V = I, scale = 1)"
+
+    def __call__(self, scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        z = scores.movedim(dim, -1)
+        shape, length = z.shape, z.shape[-1]
+        limit = self.attention.max_head_dim
+        if limit is not None and length > limit:
+            raise ValueError(f"{self.attention.id}: rows of length {length} exceed the head "
+                             f"dimension it takes ({limit}); the lifting needs d = L")
+        rows = z.reshape(1, 1, -1, length)
+        masked = rows == NEG_INF
+        q = rows.masked_fill(masked, 0.0)
+        eye = torch.eye(length, dtype=scores.dtype, device=scores.device)[None, None]
+        mask = ~masked if bool(masked.any()) else None
+        out = self.attention(q, eye, eye, attn_mask=mask, scale=1.0)
+        return out.reshape(shape).movedim(-1, dim)
+
+
+def lifted_claims(attention: AttentionSpec) -> tuple[str, ...]:
+    """The normalizer claims of a lifted kernel: those of its built-in normalizer that carry
+    over, or the claims its space implies."""
+    from attnverify.registry import builtins
+
+    norm = builtins().get(attention.normalizer)
+    own = norm.claims if norm is not None else SPACE_CLAIMS.get(attention.space, ())
+    return tuple(c for c in own if c in LIFTED_CLAIMS)
+
+
+def lift(attention: AttentionSpec) -> NormalizerSpec:
+    """The :class:`NormalizerSpec` of ``attention`` (no parameters: the kernel keeps its own)."""
+    spec = NormalizerSpec(
+        id=attention.id,
+        fn=Lifted(attention),
+        params={},
+        claims=lifted_claims(attention),
+        space=attention.space,
+        source=attention.source,
+        description=f"{attention.id} lifted (Q = S, K = V = I)",
+    )
+    return dataclasses.replace(spec, target=normalizer_target(attention))
+
+
+def __getattr__(name: str) -> NormalizerSpec:
+    """``attnverify.attention.lift:TARGET`` loads the lifted kernel as a normalizer target (the
+    repro lines of the lifted properties use it); ``~`` stands for ``:`` inside TARGET."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    from attnverify.attention.loader import load_attention
+    from attnverify.errors import TargetError
+
+    try:
+        return lift(load_attention(name.replace("~", ":")))
+    except TargetError as exc:
+        raise AttributeError(f"{name}: {exc}") from None
+
+
+def normalizer_target(attention: AttentionSpec) -> str:
+    """The normalizer target string of the lifted kernel (for ``load_target``)."""
+    return "attnverify.attention.lift:" + (attention.target or attention.id).replace(":", "~")

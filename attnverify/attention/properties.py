@@ -1,0 +1,164 @@
+"""The attention-level property ids (``attnverify properties`` lists them in their own section).
+
+They apply only to attention targets (``certify --attention``), on top of every normalizer
+property of the lifted kernel (:mod:`attnverify.attention.lift`). Every one except the two
+claimable ones (``attn_convex_hull``, ``attn_fully_masked_row``) is checked on every attention
+target where it applies; a property that does not apply says why (``not_applicable``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnverify.attention import cases as AC
+from attnverify.attention import checks as K
+from attnverify.checks.base import LOW_PRECISION, Property
+
+ALL_MASKS = tuple(m for m in AC.MASK_KINDS if m != "fully_masked")
+#: Score mods that depend on key positions (key permutation cannot hold).
+POSITIONAL_MODS = ("causal", "sliding_window", "alibi")
+GRADIENT_MAX_KEYS = 128
+
+
+def _a(spec):
+    return K.attention_of(spec)
+
+
+def full_dtypes(a, ctx) -> tuple[torch.dtype, ...]:
+    """The float32 / float64 dtypes of ``--dtypes`` the kernel takes (float32 if none)."""
+    out = tuple(d for d in ctx.full_dtypes if a.supports(d))
+    return out or tuple(d for d in (torch.float32, torch.float64) if a.supports(d))[:1]
+
+
+def low_dtypes(a) -> tuple[torch.dtype, ...]:
+    return tuple(d for d in LOW_PRECISION if a.supports(d))
+
+
+def _grad_dtype(a) -> tuple[torch.dtype, ...]:
+    return (torch.float64,) if a.supports(torch.float64) else (torch.float32,)
+
+
+def _max_keys(ctx) -> int:
+    return max(1, min(ctx.max_length, AC.MAX_KEYS))
+
+
+def _prop(id, statement, check, *, masks=ALL_MASKS, dtypes=full_dtypes, applies=None,
+          battery=(), gqa=None, scale=0.5, universal=True, **recipe_options):
+    """A property over generated Q/K/V recipes; ``battery`` recipes are checked first."""
+    max_keys = recipe_options.pop("max_keys", None)
+
+    def dtypes_of(spec, ctx):
+        return dtypes(_a(spec), ctx) if dtypes is full_dtypes else dtypes(_a(spec))
+
+    def cases(spec, ctx):
+        a = _a(spec)
+        mixed = ("mixed" if a.gqa else False) if gqa is None else gqa
+        options = {"masks": masks, "max_keys": min(max_keys or AC.MAX_KEYS, _max_keys(ctx)),
+                   "gqa": mixed, "device": ctx.device, **recipe_options}
+        return AC.recipes(dtypes=dtypes_of(spec, ctx), **options).map(AC.build)
+
+    def explicit(spec, ctx):
+        dtype = str(dtypes_of(spec, ctx)[0]).removeprefix("torch.")
+        out = []
+        for over in battery:
+            r = AC.recipe(dtype=dtype, device=ctx.device, **over)
+            if gqa is None and not _a(spec).gqa and r["h"] != r["h_kv"]:
+                continue
+            out.append(AC.build(r))
+        return out
+
+    def applicable(spec, ctx):
+        a = _a(spec)
+        if not dtypes_of(spec, ctx):
+            return "the kernel takes none of the dtypes this property needs"
+        return applies(a, ctx) if applies else None
+
+    return Property(id=id, statement=statement, cases=cases, check=check, explicit=explicit,
+                    applies=applicable, universal=universal, examples_scale=scale)
+
+
+def _needs_gqa(a, ctx):
+    return None if a.gqa else "the kernel does not take enable_gqa (declare gqa=True)"
+
+
+def _needs_simplex(a, ctx):
+    return None if a.space == "simplex" else f"the kernel's normalizer space is {a.space!r}"
+
+
+def _not_positional(a, ctx):
+    if a.score_mod in POSITIONAL_MODS:
+        return f"the {a.score_mod} score modification depends on key positions"
+    return None
+
+
+def _not_alibi(a, ctx):
+    return "ALiBi slopes depend on the number of heads" if a.score_mod == "alibi" else None
+
+
+def _needs_low(a, ctx):
+    return None if low_dtypes(a) else "the kernel takes neither float16 nor bfloat16"
+
+
+def _needs_grad(a, ctx):
+    if not a.differentiable:
+        return "the kernel has no backward here (declared differentiable=False)"
+    return None
+
+
+def _low(a):
+    return low_dtypes(a)
+
+
+_ALL = [
+    _prop("attn_reference", "output equals the float64 eager reference (matmul, mask, "
+          "normalizer, matmul) for any mask, scale and GQA setting, within the score-rounding "
+          "tolerance", K.check_reference,
+          battery=({"d": 16}, {"mask": "bool", "scale": 0.5}, {"mask": "causal", "l_q": 3},
+                   {"h": 4, "h_kv": 2, "mask": "bool"})),
+    _prop("attn_bool_mask", "a boolean mask (True = may attend) is honoured: output equals the "
+          "reference and keys masked for every query have no influence at all",
+          K.check_mask, masks=("bool", "columns", "band"),
+          battery=({"mask": "bool"}, {"mask": "columns", "l_k": 9}, {"mask": "band"})),
+    _prop("attn_additive_mask", "an additive float mask is added to the scores (-inf masks)",
+          K.check_mask, masks=("additive",), battery=({"mask": "additive"},)),
+    _prop("attn_causal", "is_causal=True is top-left aligned: query i attends keys j ≤ i, "
+          "also when L_q ≠ L_k", K.check_reference, masks=("causal",),
+          battery=({"mask": "causal", "l_q": 3, "l_k": 6}, {"mask": "causal", "l_q": 6, "l_k": 3},
+                   {"mask": "causal", "l_q": 5, "l_k": 5})),
+    _prop("attn_padding", "a key padding mask [B, 1, 1, L_k]: padded keys are inert and the "
+          "output equals the kernel on the valid keys alone", K.check_padding,
+          masks=("padding",), battery=({"mask": "padding", "l_k": 9},)),
+    _prop("attn_sliding_window", "a causal sliding-window mask (i − w < j ≤ i) is honoured",
+          K.check_mask, masks=("window",),
+          battery=({"mask": "window", "l_q": 8, "l_k": 8, "window": 3},)),
+    _prop("attn_fully_masked_row", "a query that may attend no key gets exactly 0 (no NaN); "
+          "the other queries are unchanged", K.check_fully_masked, masks=("fully_masked",),
+          battery=({"mask": "fully_masked"},), universal=False),
+    _prop("attn_convex_hull", "each output row lies in the convex hull of the values of the "
+          "keys it attends (simplex normalizers)", K.check_convex_hull,
+          masks=("none", "bool", "columns"), applies=_needs_simplex, universal=False,
+          battery=({}, {"mask": "bool", "mag": 10.0})),
+    _prop("attn_key_permutation", "permuting keys and values (and the mask's key axis) leaves "
+          "the output unchanged", K.check_key_permutation,
+          masks=("none", "bool", "columns", "padding", "additive"), applies=_not_positional,
+          battery=({"mask": "bool", "l_k": 9},)),
+    _prop("attn_gqa", "enable_gqa=True with H_kv < H key/value heads equals repeating them "
+          "(repeat_interleave) and the reference", K.check_gqa, gqa=True,
+          applies=_needs_gqa, battery=({"h": 4, "h_kv": 2}, {"h": 6, "h_kv": 2, "mask": "bool"})),
+    _prop("attn_batch_head_independent", "each (batch, head) computed alone equals it "
+          "computed inside a batch of very different slices", K.check_batch_head_independent,
+          masks=("none", "bool", "causal"), applies=_not_alibi, min_batch=2,
+          battery=({"b": 2, "h": 2},)),
+    _prop("attn_low_precision", "float16 / bfloat16 outputs match the float64 reference of the "
+          "same inputs within the dtype's tolerance plus score rounding", K.check_low_precision,
+          masks=("none", "bool", "causal"), dtypes=_low, applies=_needs_low,
+          positive_v=True, max_keys=4096,
+          battery=({"l_q": 2, "l_k": 4096, "mag": 0.1, "b": 1, "h": 1, "h_kv": 1},
+                   {"mask": "bool"})),
+    _prop("attn_gradients", "gradients w.r.t. q, k and v equal the float64 eager reference's "
+          "autograd gradients", K.check_gradients, dtypes=lambda a: _grad_dtype(a),
+          applies=_needs_grad, max_keys=GRADIENT_MAX_KEYS, scale=0.3,
+          battery=({"mask": "bool"}, {"mask": "causal", "l_q": 4, "l_k": 6})),
+]
+
+ATTENTION_PROPERTIES: dict[str, Property] = {p.id: p for p in _ALL}

@@ -1,0 +1,73 @@
+"""Re-check one attention property on the exact case of a recipe (the repro of certify)::
+
+    python -m attnverify.attention.repro TARGET PROPERTY '{"b": 1, …, "seed": 5}' [--reference R]
+
+Exit 1 with the violation while the kernel fails there (or raises), 0 once it holds, 2 for bad
+input (one line, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def recheck(target: str, prop_id: str, recipe: dict, reference: str = "") -> int:
+    import dataclasses
+
+    from attnverify.attention import cases
+    from attnverify.attention.lift import lift
+    from attnverify.attention.loader import load_attention
+    from attnverify.attention.properties import ATTENTION_PROPERTIES
+    from attnverify.certify import make_context
+    from attnverify.checks.base import NormalizerError, Violation
+    from attnverify.errors import UsageError
+
+    if prop_id not in ATTENTION_PROPERTIES:
+        known = ", ".join(ATTENTION_PROPERTIES)
+        raise UsageError(f"unknown attention property {prop_id!r} ({known})")
+    a = load_attention(target)
+    if reference:
+        a = dataclasses.replace(a, reference=reference)
+    try:
+        case = cases.build({**cases.recipe(), **recipe})
+    except (KeyError, ValueError, TypeError) as exc:
+        raise UsageError(f"bad recipe: {exc}") from None
+    ctx = make_context("dev")
+    try:
+        ratio = ATTENTION_PROPERTIES[prop_id].check(lift(a), case, ctx)
+    except Violation as exc:
+        print(f"{target}::{prop_id} violated: {exc.message}")
+        return 1
+    except NormalizerError as exc:
+        print(f"{target}::{prop_id}: the kernel raised {exc}")
+        return 1
+    print(f"{target}::{prop_id} holds on this case (worst ratio {ratio:.3g})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from attnverify.errors import UsageError
+
+    p = argparse.ArgumentParser(prog="python -m attnverify.attention.repro")
+    p.add_argument("target")
+    p.add_argument("property")
+    p.add_argument("recipe", help="the counterexample's recipe, as JSON")
+    p.add_argument("--reference", default="")
+    args = p.parse_args(argv)
+    try:
+        recipe = json.loads(args.recipe)
+        if not isinstance(recipe, dict):
+            raise UsageError("the recipe must be a JSON object")
+        return recheck(args.target, args.property, recipe, args.reference)
+    except json.JSONDecodeError as exc:
+        print(f"attnverify: error: the recipe is not JSON ({exc})", file=sys.stderr)
+        return 2
+    except UsageError as exc:
+        print(f"attnverify: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""``certify --attention``: the lifted normalizer properties, then the attention-level ones.
+
+One :class:`~attnverify.certify.TargetResult` per kernel, in the certificate format of
+docs/INTERFACES.md. Runs in this process (FlexAttention's compiled graphs are kept across targets).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import sys
+import time
+
+from attnverify.attention.lift import lift
+from attnverify.attention.properties import ATTENTION_PROPERTIES
+from attnverify.attention.spec import AttentionSpec
+from attnverify.errors import UsageError
+
+#: Normalizer properties that differentiate the lifted kernel.
+DIFFERENTIATING = ("gradient", "double_backward", "fd_gradient", "lemma2_jacobian",
+                   "cor3_entrywise", "cor3_spectral_paper", "jacobian_spectral_half",
+                   "lemma3_l1_uniform", "lemma3_frobenius_uniform")
+#: Largest tensor inlined in a counterexample (larger ones: shape and dtype; the recipe rebuilds
+#: them exactly).
+MAX_INLINE = 256
+
+
+def default_claims(a: AttentionSpec) -> list[str]:
+    """The lifted normalizer's claims, plus the claimable attention properties that follow."""
+    if a.claims is not None:
+        return list(a.claims)
+    own = list(lift(a).claims)
+    if a.space == "simplex":
+        own.append("attn_convex_hull")
+    if "fully_masked_row" in own:
+        own.append("attn_fully_masked_row")
+    return own
+
+
+def resolve_claims(a: AttentionSpec, claims: list[str] | None) -> list[str]:
+    """Claims checked on ``a``: ``claims`` when given, else its defaults; usage error on ids
+    that are unknown or universal."""
+    from attnverify.checks import PROPERTIES
+
+    chosen = default_claims(a) if claims is None else list(claims)
+    for c in chosen:
+        prop = PROPERTIES.get(c) or ATTENTION_PROPERTIES.get(c)
+        if prop is None:
+            raise UsageError(f"unknown property id {c!r}: run 'attnverify properties' for the "
+                             "list")
+        if prop.universal:
+            raise UsageError(f"{c!r} is universal: it is always checked, not claimed")
+    return list(dict.fromkeys(chosen))
+
+
+def lifted_context(a: AttentionSpec, ctx):
+    """``ctx`` for the lifted properties: the dtypes the kernel takes, rows no longer than its
+    head dimension allows."""
+    dtypes = tuple(d for d in ctx.dtypes if a.supports(d)) or (a.dtypes[0],)
+    longest = ctx.max_length if a.max_head_dim is None else min(ctx.max_length, a.max_head_dim)
+    return dataclasses.replace(ctx, dtypes=dtypes, max_length=longest)
+
+
+def _is_normalizer(name: str) -> bool:
+    from attnverify.registry import builtins
+
+    return name in builtins()
+
+
+def _skip_reason(a: AttentionSpec, prop_id: str) -> str:
+    if a.score_mod is not None:
+        return (f"the kernel applies the {a.score_mod} score modification; the lifting "
+                "(S ↦ α) needs an unmodified kernel (checked by the attn_* properties)")
+    if not a.differentiable and prop_id in DIFFERENTIATING:
+        return "the kernel has no backward here (declared differentiable=False)"
+    return ""
+
+
+def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=None, *,
+                      label: str | None = None, progress=None):
+    """Every normalizer property of the lifted kernel and every attention property."""
+    from attnverify.certify import PropertyResult, TargetResult, make_context, run_property
+    from attnverify.checks import PROPERTIES, properties_for
+
+    ctx = ctx or make_context()
+    chosen = resolve_claims(a, claims)
+    spec = lift(a).with_claims([c for c in chosen if c in PROPERTIES])
+    if a.reference and not a.reference.count(":") and _is_normalizer(a.reference):
+        spec = spec.with_reference(a.reference)  # the lifted weights vs that normalizer's
+    result = TargetResult(target=label or a.target or a.id,
+                          claims=list(dict.fromkeys([*chosen, *spec.claims])),
+                          params=dict(a.params))
+    lifted_ctx = lifted_context(a, ctx)
+    plan = [(p, lifted_ctx) for p in properties_for(spec.claims, lifted_ctx)]
+    plan += [(p, ctx) for p in ATTENTION_PROPERTIES.values() if p.universal or p.id in chosen]
+    for prop, pctx in plan:
+        reason = a.unavailable or _skip_reason(a, prop.id) * (prop.id in PROPERTIES)
+        start = time.perf_counter()
+        if reason:
+            res = PropertyResult(prop.id, True, "not_applicable", message=reason)
+        else:
+            res = run_property(prop, spec, pctx, claimed=True)
+            res.elapsed_s = time.perf_counter() - start
+            _attention_counterexample(res, a, pctx)
+        result.results.append(res)
+        if progress is not None:
+            progress(result.target, res)
+    return result
+
+
+def _attention_counterexample(res, a: AttentionSpec, ctx) -> None:
+    """Large tensors by shape only; an attention property's repro rebuilds its recipe."""
+    ce = res.counterexample
+    if not ce:
+        return
+    for name in ("q", "k", "v", "attn_mask"):
+        value = ce.get(name)
+        if isinstance(value, list) and len(json.dumps(value)) > 8 * MAX_INLINE:
+            ce[name] = {"inline": False, "note": "rebuilt from the recipe"}
+    if res.property in ATTENTION_PROPERTIES and isinstance(ce.get("recipe"), dict):
+        ce["repro"] = repro_line(a, res.property, ce["recipe"])
+
+
+def repro_line(a: AttentionSpec, prop_id: str, recipe: dict) -> str:
+    """``python -m attnverify.attention.repro TARGET PROPERTY RECIPE``: exit 1 while it fails."""
+    target = a.target or a.id
+    ref = f" --reference {shlex.quote(a.reference)}" if a.reference else ""
+    return (f"python -m attnverify.attention.repro {shlex.quote(target)} {prop_id} "
+            f"{shlex.quote(json.dumps(recipe, sort_keys=True))}{ref}")
+
+
+def progress_line(target: str, result) -> None:
+    print(f"  {target}: {result.property} … {result.status} "
+          f"({result.examples} examples, {result.elapsed_s:.2f}s)", file=sys.stderr, flush=True)

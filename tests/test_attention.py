@@ -1,0 +1,222 @@
+"""Attention kernels: the lifting, the attention-level properties, planted defects, the CLI.
+
+Planted kernels live in ``fixtures/planted_attention.py``; each must fail the property its defect
+breaks, with a counterexample whose repro re-checks it and exits 1. Runs on the dev profile with
+a fixed seed; FlexAttention (seconds to compile) is exercised once, in the slow-marked test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnverify import attention_spec
+from attnverify.attention import cases as AC
+from attnverify.attention.kernels import builtins as attention_builtins
+from attnverify.attention.lift import lift
+from attnverify.attention.loader import load_attention
+from attnverify.attention.properties import ATTENTION_PROPERTIES
+from attnverify.attention.reference import eager
+from attnverify.attention.run import certify_attention
+from attnverify.certify import make_context, run_property
+from attnverify.cli import main
+
+FILE = str(Path(__file__).parent / "fixtures" / "planted_attention.py")
+CTX = make_context("dev", seed=0, max_examples=10)
+
+
+def _load(attr: str, **kw):
+    spec = load_attention(f"{FILE}:{attr}")
+    return spec if not kw else spec.__class__(**{**spec.__dict__, **kw})
+
+
+def _run(attr: str, prop_id: str, **kw):
+    a = _load(attr, **kw)
+    return run_property(ATTENTION_PROPERTIES[prop_id], lift(a), CTX)
+
+
+# --------------------------------------------------------------------------------------------
+# The lifting and the reference
+
+
+def test_lifted_sdpa_returns_the_weights_exactly_for_exact_scores():
+    z = torch.tensor([[0.0, 1.0, float("-inf"), 2.0], [3.0, 3.0, 3.0, 3.0]])
+    got = lift(attention_builtins()["sdpa_math"])(z)
+    want = torch.softmax(z.double(), -1)
+    assert torch.allclose(got.double(), want, atol=1e-7, rtol=0)
+    assert got[0, 2] == 0
+
+
+def test_lifted_kernel_keeps_dim_and_fully_masked_rows_give_zeros():
+    z = torch.randn(3, 5, dtype=torch.float64)
+    z[1] = float("-inf")
+    got = lift(attention_builtins()["sdpa"])(z.T, dim=0).T
+    assert torch.equal(got[1], torch.zeros(5, dtype=torch.float64))
+    assert torch.allclose(got[0], torch.softmax(z[0], -1))
+
+
+def test_reference_is_top_left_causal_for_unequal_lengths():
+    q = torch.zeros(1, 1, 2, 4, dtype=torch.float64)
+    k = torch.zeros(1, 1, 3, 4, dtype=torch.float64)
+    v = torch.eye(3, dtype=torch.float64)[None, None]
+    w = eager(q, k, v, is_causal=True)[0, 0]
+    assert torch.allclose(w, torch.tensor([[1.0, 0, 0], [0.5, 0.5, 0]], dtype=torch.float64))
+
+
+def test_recipes_build_the_same_tensors_twice():
+    r = AC.recipe(mask="padding", l_k=9, qk="aligned")
+    a, b = AC.build(r), AC.build(r)
+    assert torch.equal(a.q, b.q) and torch.equal(a.k, b.k) and torch.equal(a.attn_mask,
+                                                                           b.attn_mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Planted defects: each caught by the property it breaks, with a reproducing counterexample
+
+
+PLANTED = [
+    ("ignores_bool_mask", "attn_bool_mask"),
+    ("inverted_bool_mask", "attn_bool_mask"),
+    ("bool_mask_as_additive", "attn_bool_mask"),
+    ("ignores_additive_mask", "attn_additive_mask"),
+    ("bottom_right_causal", "attn_causal"),
+    ("padding_leak", "attn_padding"),
+    ("sliding_off_by_one", "attn_sliding_window"),
+    ("nan_for_fully_masked", "attn_fully_masked_row"),
+    ("doubled_output", "attn_convex_hull"),
+    ("positional_bias", "attn_key_permutation"),
+    ("gqa_tiled_heads", "attn_gqa"),
+    ("batch_coupled", "attn_batch_head_independent"),
+    ("half_accumulation", "attn_low_precision"),
+    ("wrong_grad_v", "attn_gradients"),
+    ("wrong_default_scale", "attn_reference"),
+]
+
+
+@pytest.mark.parametrize("attr, prop_id", PLANTED)
+def test_planted_attention_defect_is_caught_and_reproduces(attr, prop_id):
+    res = _run(attr, prop_id)
+    assert res.status == "violated", f"{attr}: {prop_id} -> {res.status} {res.message}"
+    recipe = res.counterexample["recipe"]
+    from attnverify.attention.repro import recheck
+
+    assert recheck(f"{FILE}:{attr}", prop_id, recipe) == 1
+    assert recheck("eager", prop_id, recipe) == 0  # the same case passes on a correct kernel
+
+
+def test_counterexample_is_shrunk():
+    res = _run("bottom_right_causal", "attn_causal")
+    r = res.counterexample["recipe"]
+    assert r["l_q"] != r["l_k"] and r["l_q"] * r["l_k"] <= 18, r
+
+
+def test_correct_kernels_pass_every_attention_property():
+    for name in (f"{FILE}:eager_attention", "sdpa"):
+        a = load_attention(name)
+        for prop in ATTENTION_PROPERTIES.values():
+            res = run_property(prop, lift(a), CTX)
+            assert res.status in ("holds", "not_applicable"), (name, prop.id, res.message)
+
+
+def test_sdpa_is_certified_on_the_dev_profile():
+    res = certify_attention(load_attention("sdpa"), None, make_context("dev", seed=0))
+    bad = {r.property: r.message for r in res.results if r.status not in ("holds",)}
+    assert res.verdict == "certified" and not bad, bad
+
+
+def test_attention_spec_public_constructor_and_claims():
+    def kernel(q, k, v, attn_mask=None, is_causal=False, scale=None):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                                                is_causal=is_causal,
+                                                                scale=scale)
+
+    spec = attention_spec(kernel, normalizer="softmax")
+    assert spec.id == "kernel" and spec.space == "simplex" and not spec.gqa
+    res = certify_attention(spec, ["simplex", "attn_convex_hull"],
+                            make_context("dev", seed=0, max_examples=3))
+    status = {r.property: r.status for r in res.results}
+    assert status["attn_gqa"] == "not_applicable"
+    assert status["attn_convex_hull"] == "holds" and status["simplex"] == "holds"
+
+
+# --------------------------------------------------------------------------------------------
+# The command line
+
+
+def test_cli_certify_attention_planted_exits_1_with_repro(tmp_path, capsys):
+    out = tmp_path / "cert.json"
+    code = main(["certify", "--attention", f"{FILE}:bottom_right_causal", "--profile", "dev",
+                 "--max-examples", "5", "--json", str(out), "--quiet"])
+    assert code == 1
+    data = json.loads(out.read_text())
+    res = {r["property"]: r for r in data["targets"][0]["results"]}
+    assert res["attn_causal"]["status"] == "violated"
+    repro = res["attn_causal"]["counterexample"]["repro"]
+    assert repro.startswith("python -m attnverify.attention.repro")
+    args = repro.split(" ", 3)[3]
+    import shlex
+
+    proc = subprocess.run([sys.executable, "-m", "attnverify.attention.repro", *shlex.split(args)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["certify", "--attention", "no_such_kernel"], "unknown attention target"),
+    (["certify", "--attention", "sdpa", "--claims", "attn_causal"], "universal"),
+    (["certify", "--attention", "sdpa", "--claims", "nope"], "unknown property id"),
+    (["certify", "--attention", "sdpa", "--reference", "nope"], "neither a built-in normalizer"),
+    (["certify", "--attention", f"{FILE}:NEG_INF"], "not callable"),
+])
+def test_cli_attention_usage_errors_exit_2(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
+
+
+def test_cli_lists_attention_targets_and_properties(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "attention targets" in out and "sdpa_flash" in out and "eager_sparsemax" in out
+    assert main(["properties"]) == 0
+    out = capsys.readouterr().out
+    for prop_id in ATTENTION_PROPERTIES:
+        assert prop_id in out
+
+
+def test_reference_option_accepts_a_normalizer_or_an_attention_target():
+    ctx = make_context("dev", seed=0, max_examples=3)
+    a = load_attention("sdpa")
+    for ref in ("softmax", "sdpa_math"):
+        spec = a.__class__(**{**a.__dict__, "reference": ref})
+        assert run_property(ATTENTION_PROPERTIES["attn_reference"], lift(spec), ctx).status == \
+            "holds"
+    spec = a.__class__(**{**a.__dict__, "reference": "sparsemax"})
+    assert run_property(ATTENTION_PROPERTIES["attn_reference"], lift(spec), ctx).status == \
+        "violated"
+
+
+def test_unavailable_backend_is_skipped_with_its_reason():
+    a = attention_builtins()["sdpa_cudnn"]
+    if not a.unavailable:
+        pytest.skip("CUDA present: the cuDNN backend is available")
+    res = certify_attention(a, None, make_context("dev", seed=0, max_examples=2))
+    assert {r.status for r in res.results} == {"not_applicable"}
+    assert "CUDA" in res.results[0].message
+
+
+@pytest.mark.slow
+def test_flex_attention_once():
+    """FlexAttention, compiled once for the session: the reference and a mask property."""
+    a = attention_builtins()["flex"]
+    if a.unavailable:
+        pytest.skip(a.unavailable)
+    ctx = make_context("dev", seed=0, max_examples=3)
+    for prop_id in ("attn_reference", "attn_bool_mask"):
+        res = run_property(ATTENTION_PROPERTIES[prop_id], lift(a), ctx)
+        assert res.status == "holds", (prop_id, res.message)
