@@ -103,6 +103,9 @@ BAD_VALUES = [
     (["--device", "cuda:x"], "--device"),
     (["--device", "tpu"], "--device"),
     (["--model", " "], "--model"),
+    (["--timeout", "nan"], "--timeout"),
+    (["--timeout", "inf"], "--timeout"),
+    (["--timeout", "-1"], "--timeout"),
     (["--selectivity-temperatures", "nan"], "--selectivity-temperatures"),
     (["--selectivity-temperatures", ","], "--selectivity-temperatures"),
     (["--coverage-n", "0"], "--coverage-n"),
@@ -290,34 +293,40 @@ def stops(scores, dim=-1):
 
 def wrong_shape(scores, dim=-1):
     return scores.sum(dim)
+
+
+def hangs(scores, dim=-1):
+    while True:
+        pass
 '''
 
 
 def test_failing_normalizers_are_reported_and_the_others_kept(tmp_path, capsys):
     module = tmp_path / "bad.py"
     module.write_text(BAD_NORMALIZERS, encoding="utf-8")
-    bad = [f"{module}:exits", f"{module}:stops", f"{module}:wrong_shape"]
+    bad = [f"{module}:{name}" for name in ("exits", "stops", "wrong_shape", "hangs")]
     out = tmp_path / "run"
     args = QUICK + ["--out", str(out), "--experiments", "distance_vs_length,gradient",
-                    "--normalizers", ",".join([bad[0], "sparsemax", bad[1], bad[2]])]
+                    "--timeout", "0.3",
+                    "--normalizers", ",".join([bad[0], "sparsemax", bad[1], bad[2], bad[3]])]
     code, stdout, err = run_cli(args, capsys)
     assert code == 1, err
     assert "Traceback" not in err and "wrote" in stdout
     lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 3 and all("its columns are left out" in line for line in lines)
+    assert len(lines) == 4 and all("its columns are left out" in line for line in lines)
     doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert [n["id"] for n in doc["normalizers"]] == ["softmax", "sparsemax"]
     reasons = {f["id"]: f["reason"] for f in doc["failed_normalizers"]}
     assert set(reasons) == set(bad)
     assert "SystemExit" in reasons[bad[0]] and "Stop" in reasons[bad[1]]
-    assert "shape" in reasons[bad[2]]
+    assert "shape" in reasons[bad[2]] and "--timeout" in reasons[bad[3]]
     for result in doc["experiments"].values():
         assert set(result["normalizers"]) == {"softmax", "sparsemax"}
     assert (out / "report.md").exists()
 
     stamps = {p.name: p.stat().st_mtime_ns for p in (out / "checkpoints").iterdir()}
     code, _, err = run_cli(args + ["--resume"], capsys)
-    assert code == 1 and len([line for line in err.splitlines() if line.strip()]) == 3
+    assert code == 1 and len([line for line in err.splitlines() if line.strip()]) == 4
     assert {p.name: p.stat().st_mtime_ns for p in (out / "checkpoints").iterdir()} == stamps
 
 

@@ -23,8 +23,9 @@ DESCRIPTION = (
     "distance vs top-N (Alg. 2), critical top-N (Alg. 3), separability (Alg. 4), gradient "
     "sensitivity (Alg. 5) and rank collapse (paper B). Writes results.json, report.md and PNG "
     "figures into --out. Exit 0 when the run completes, 1 when a --normalizers target failed "
-    "(raised, even SystemExit, or gave no weights: its columns are left out, the rest is "
-    "written), 2 for bad input, 130 on Ctrl-C (finished experiments stay checkpointed)."
+    "(raised, even SystemExit, ran past --timeout or gave no weights: its columns are left "
+    "out, the rest is written), 2 for bad input, 130 on Ctrl-C (finished experiments stay "
+    "checkpointed)."
 )
 
 
@@ -59,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     main.add_argument("--threads", type=int, default=None,
                       help="torch CPU threads (default 1: the tensors are small, and extra "
                            "threads spin-wait on a shared machine)")
+    main.add_argument("--timeout", type=float, default=None,
+                      help="seconds one call of a --normalizers target may take before it is "
+                           f"reported as failed (default {default('timeout'):g}; 0: no limit)")
     main.add_argument("--no-progress", action="store_true", help="no progress bars")
     main.add_argument("--allow-download", action="store_true",
                       help="let a hub id download when it is not in the local cache")
@@ -156,7 +160,7 @@ def config_from_args(args: argparse.Namespace) -> cfg.RunConfig:
 def _explicit(args: argparse.Namespace) -> dict:
     plain = ("max_length", "min_length", "windows", "rows_per_length", "topn",
              "separability_max_n", "critical_max_fraction", "mc_draws", "critical_draws",
-             "collapse_depth", "collapse_seeds")
+             "collapse_depth", "collapse_seeds", "timeout")
     out = {name: getattr(args, name) for name in plain if getattr(args, name) is not None}
     if args.topn_list is not None:
         out["topn_list"] = cfg.parse_int_list(args.topn_list, "--topn-list")

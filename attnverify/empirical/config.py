@@ -50,7 +50,7 @@ PAPER_TABLE1_SECONDS = {
 
 #: Fields that do not change any number (excluded from checkpoint fingerprints).
 NON_NUMERIC_FIELDS = (
-    "out", "resume", "progress", "allow_download", "text", "device", "threads",
+    "out", "resume", "progress", "allow_download", "text", "device", "threads", "timeout",
 )
 
 
@@ -99,6 +99,8 @@ class RunConfig:
     progress: bool = True
     allow_download: bool = False
     threads: int | None = None
+    #: Seconds one call of a ``--normalizers`` target may take (0: no limit).
+    timeout: float = 120.0
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -207,6 +209,8 @@ def validate_settings(config: RunConfig) -> None:
         raise UsageError("--experiments names no experiment")
     if not 0 <= config.seed <= MAX_SEED:
         raise UsageError(f"--seed must lie in 0 … {MAX_SEED} (2**32 - 1), got {config.seed}")
+    if not (math.isfinite(config.timeout) and config.timeout >= 0):
+        raise UsageError(f"--timeout must be a finite number of seconds ≥ 0, got {config.timeout}")
     if config.threads is not None and not 1 <= config.threads <= MAX_THREADS:
         raise UsageError(f"--threads must lie in 1 … {MAX_THREADS}, got {config.threads}")
     if config.max_length is not None:

@@ -32,7 +32,7 @@ def run(config: cfg.RunConfig) -> dict:
     """Run (or resume) every requested experiment and write the outputs; returns the document."""
     cfg.validate_settings(config)
     _check_device(config.device)
-    weightings = targets.resolve(config.normalizers)
+    weightings = targets.resolve(config.normalizers, config.timeout)
     needs_model = [e for e in config.experiments if e in NEEDS_MODEL]
     text = load_text(resolve_text_path(config.text)) if needs_model else None
     store = CheckpointStore(Path(config.out))

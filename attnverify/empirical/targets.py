@@ -8,7 +8,10 @@ Any other target is resolved through :func:`attnverify.registry.load_target`, so
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -51,9 +54,10 @@ def parse_normalizers(text: str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name for name in names if name != MODEL_SOFTMAX))
 
 
-def resolve(names: tuple[str, ...]) -> list[Weighting]:
+def resolve(names: tuple[str, ...], timeout: float = 0) -> list[Weighting]:
     """``softmax`` (the model's attention) first, then each named target, resolved now so an
-    unknown name is a usage error before any model is loaded."""
+    unknown name is a usage error before any model is loaded. ``timeout``: seconds per call of
+    a target (0: no limit), see :func:`_time_limit`."""
     from attnverify.registry import load_target
 
     out = [model_weighting()]
@@ -64,7 +68,7 @@ def resolve(names: tuple[str, ...]) -> list[Weighting]:
             raise
         except BaseException as exc:  # noqa: BLE001 - sys.exit at import is the target's fault
             raise UsageError(f"--normalizers {name!r}: loading it raised {_what(exc)}") from None
-        out.append(Weighting(name, _bind(spec, name), spec.space, spec.source))
+        out.append(Weighting(name, _bind(spec, name, timeout), spec.space, spec.source))
     return out
 
 
@@ -83,15 +87,45 @@ def _what(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def _bind(spec, name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """In-process guard: a ``BaseException`` other than Ctrl-C becomes a
-    :class:`NormalizerFailure`. A hang or a hard crash (segfault) is not isolated here."""
+class _TimedOut(BaseException):
+    """Raised by the timer of :func:`_time_limit` inside the target's call."""
+
+
+@contextmanager
+def _time_limit(seconds: float):
+    """[choice] In-process time limit by ``SIGALRM`` (main thread, POSIX). It stops a target
+    looping or sleeping in Python; one stuck inside a single C call, or one that crashes the
+    interpreter, is not isolated here. Skipped when another timer is already armed."""
+    usable = (seconds > 0 and hasattr(signal, "setitimer")
+              and threading.current_thread() is threading.main_thread())
+    if not usable or signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise _TimedOut(f"no result within {seconds:g} s (--timeout)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
+
+
+def _bind(spec, name: str, timeout: float = 0) -> Callable[[torch.Tensor], torch.Tensor]:
+    """In-process guard: a ``BaseException`` other than Ctrl-C, or a call longer than
+    ``timeout`` seconds, becomes a :class:`NormalizerFailure`."""
 
     def fn(scores: torch.Tensor) -> torch.Tensor:
         try:
-            weights = spec(scores, dim=-1)
+            with _time_limit(timeout):
+                weights = spec(scores, dim=-1)
         except KeyboardInterrupt:
             raise
+        except _TimedOut as exc:
+            raise NormalizerFailure(name, str(exc)) from None
         except BaseException as exc:  # noqa: BLE001 - SystemExit from a target is a failure
             raise NormalizerFailure(name, _what(exc)) from None
         if not isinstance(weights, torch.Tensor) or weights.shape != scores.shape:
