@@ -4,11 +4,14 @@ third-party implementations. Each defect must show up as a violation of the prop
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
 
+from attnverify import cli
 from attnverify.certify import certify_target, make_context
+from attnverify.falsify import falsify
 from attnverify.registry import load_target
 
 FILE = str(Path(__file__).parent / "fixtures" / "planted.py")
@@ -32,6 +35,7 @@ def statuses(attr: str, claims=("simplex",)) -> dict[str, str]:
         ("batch_coupled_softmax", "batch_independent"),
         ("row_sum_off_softmax", "simplex"),
         ("sigmoid_claiming_simplex", "simplex"),
+        ("nan_on_mask_softmax", "mask_zero"),
     ],
 )
 def test_planted_defect_is_found(attr, broken):
@@ -64,3 +68,20 @@ def test_entmax_package_all_masked_row_bug_is_caught():
     pytest.importorskip("entmax")
     got = statuses("entmax_sparsemax", claims=("fully_masked_row",))
     assert got["fully_masked_row"] in ("violated", "error")
+
+
+def test_nan_on_a_masked_key_is_shown_as_one_row_of_two_keys_that_reproduces(capsys):
+    res = certify_target(load_target(f"{FILE}:nan_on_mask_softmax"), ["simplex"], CTX)
+    (r,) = [r for r in res.results if r.property == "mask_zero"]
+    ce = r.counterexample
+    assert r.status == "violated" and ce["shape"] == [1, 2] and "-inf" in ce["scores"][0]
+    assert cli.main(shlex.split(ce["repro"])[1:]) == 1
+    assert "a masked key got weight nan" in capsys.readouterr().out
+
+
+def test_a_true_bound_with_masked_key_semantics_is_not_falsified():
+    # Lemma 1 on rows with masked keys (the search's explicit cases include masked rows): L, a
+    # and the weights all count the unmasked keys, so the true bound raises no false alarm
+    res = falsify(load_target("softmax"), "max_weight <= exp(2*a/T)/L", CTX)
+    assert not res.falsified, res.witness.to_json() if res.witness else None
+    assert res.examples >= 50
