@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -95,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("attnverify: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (attnverify list | head): no traceback
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":  # pragma: no cover

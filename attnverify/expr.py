@@ -35,16 +35,26 @@ FUNCTIONS: dict[str, tuple[Callable[..., torch.Tensor], int]] = {
 VARIADIC = {"min", "max"}
 COMPARISONS = {"<=": "<=", "<": "<", ">=": "<=", ">": "<"}
 
-_TOKEN = re.compile(
+#: Limits of an expression (beyond them: a usage error, never a RecursionError): its length in
+#: characters, and its depth: parentheses, function calls, signs, powers and each operator of a
+#: chain (``1+1+1`` is three deep) add one level.
+MAX_LENGTH = 2000
+MAX_DEPTH = 64
+
+_TOKEN = re.compile(  # ASCII only: Python's \d would read '١' (Arabic-Indic one) as a digit
     r"\s*(?:(?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
     r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
-    r"|(?P<op>\*\*|<=|>=|==|!=|[-+*/(),<>^=]))"
+    r"|(?P<op>\*\*|<=|>=|==|!=|[-+*/(),<>^=]))",
+    re.ASCII,
 )
 
 
 def _quote(text: str) -> str:
-    """The expression as the user typed it, in double quotes (``repr`` if it holds one)."""
-    return f'"{text}"' if '"' not in text else repr(text)
+    """The expression as the user typed it, in double quotes (``repr`` if it holds one, or a
+    character that would break the one-line message), cut after 120 characters."""
+    if len(text) > 120:
+        text = text[:120] + "…"
+    return f'"{text}"' if '"' not in text and text.isprintable() else repr(text)
 
 
 def _fold(op, xs):
@@ -67,6 +77,9 @@ class Token:
 
 def tokenize(text: str) -> list[Token]:
     """Tokens of ``text``, ending with an ``end`` token; a stray character is a usage error."""
+    if len(text) > MAX_LENGTH:
+        raise UsageError(f"the expression is {len(text)} characters long; at most {MAX_LENGTH} "
+                         "are allowed")
     tokens, pos = [], 0
     while pos < len(text):
         if text[pos:].strip() == "":
@@ -198,6 +211,7 @@ class _Parser:
         self.order = tuple(dict.fromkeys(known))
         self.text, self.known = text, frozenset(self.order)
         self.tokens, self.pos = tokenize(text), 0
+        self.depth = 0
 
     @property
     def token(self) -> Token:
@@ -234,11 +248,18 @@ class _Parser:
         return node
 
     def unary(self) -> Node:
-        if self.token.kind == "op" and self.token.text in "+-":
-            sign = self.take().text
-            operand = self.unary()
-            return Negate(operand) if sign == "-" else operand
-        return self.power()
+        # every nesting (parentheses, call arguments, signs, powers) passes through here
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise self.fail(f"the expression is nested more than {MAX_DEPTH} levels deep")
+        try:
+            if self.token.kind == "op" and self.token.text in "+-":
+                sign = self.take().text
+                operand = self.unary()
+                return Negate(operand) if sign == "-" else operand
+            return self.power()
+        finally:
+            self.depth -= 1
 
     def power(self) -> Node:
         base = self.atom()
@@ -295,6 +316,19 @@ class _Parser:
             need = f"at least {arity}" if variadic else str(arity)
             raise self.fail(f"{token.text} takes {need} argument(s), got {len(args)}", token)
         return Call(token.text, tuple(args))
+
+    def check_depth(self, *nodes: Node) -> None:
+        """Usage error when a tree is deeper than :data:`MAX_DEPTH` (measured without recursion,
+        as evaluating and printing it recurse)."""
+        stack = [(node, 1) for node in nodes]
+        while stack:
+            node, depth = stack.pop()
+            if depth > MAX_DEPTH:
+                raise UsageError(f"the expression is more than {MAX_DEPTH} levels deep (a chain "
+                                 f"of operators counts one level each) in {_quote(self.text)}")
+            children = [getattr(node, name, None) for name in ("left", "right", "operand")]
+            children += list(getattr(node, "args", ()))
+            stack.extend((child, depth + 1) for child in children if isinstance(child, Node))
 
     def end(self) -> None:
         if self.token.kind != "end":
@@ -385,6 +419,7 @@ def parse_expression(text: str, known: Iterable[str]) -> Node:
     parser = _Parser(text, known)
     node = parser.expr()
     parser.end()
+    parser.check_depth(node)
     return node
 
 
@@ -409,5 +444,6 @@ def parse_inequality(text: str, known: Iterable[str] | None = None) -> Inequalit
     if parser.token.kind == "op" and parser.token.text in COMPARISONS:
         raise parser.fail("only one comparison is allowed")
     parser.end()
+    parser.check_depth(left, right)
     lhs, rhs = (left, right) if op.text in ("<=", "<") else (right, left)
     return Inequality(text=text, lhs=lhs, rhs=rhs, strict=op.text in ("<", ">"))

@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any
 
@@ -63,7 +64,10 @@ def load_target(target: str, params: Mapping[str, Any] | None = None) -> Normali
     Raises :class:`TargetError` with a one-line message saying what was expected.
     """
     spec = dataclasses.replace(_resolve(target.strip()), target=target.strip())
-    return spec.with_params(**params) if params else spec
+    if not params:
+        return spec
+    validate_params(spec, params)
+    return spec.with_params(**params)
 
 
 def _resolve(target: str) -> NormalizerSpec:
@@ -180,9 +184,55 @@ def _parse_value(raw: str) -> Any:
         return low == "true"
     if low == "none":
         return None
+    if not raw.isascii() or len(raw) > 100:  # int('١') is 1 in Python: ASCII numbers only
+        return raw
     for cast in (int, float):
         try:
             return cast(raw)
         except ValueError:
             pass
     return raw
+
+
+#: Ranges of the parameters the built-ins share, by name: (what is expected, test). Every float
+#: given must be finite, whatever its name.
+PARAM_RULES: dict[str, tuple[str, Callable[[float], bool]]] = {
+    "temperature": ("a positive finite number", lambda v: v > 0),
+    "alpha": ("a finite number >= 1", lambda v: v >= 1),
+    "lam": ("a finite number >= 0", lambda v: v >= 0),
+    "s": ("a positive finite number", lambda v: v > 0),
+    "eps": ("a positive finite number", lambda v: v > 0),
+    "bias": ("a finite number or none", lambda v: True),
+}
+#: Parameters that accept ``none``.
+NONE_ALLOWED = frozenset({"bias"})
+
+
+def validate_params(spec: NormalizerSpec, params: Mapping[str, Any]) -> None:
+    """Type- and range-check ``params`` (from ``--params``) for ``spec``: a usage error naming
+    the parameter for a value of the wrong type (a string where the default is a number), out of
+    :data:`PARAM_RULES`' range, NaN or infinite, or refused by the spec's own ``param_checks``."""
+    checks = getattr(spec, "param_checks", None) or {}
+    for name, value in params.items():
+        where = f"--params {name}={value!r}"
+        default = spec.params.get(name)
+        rule = PARAM_RULES.get(name)
+        numeric = rule is not None or (isinstance(default, (int, float))
+                                       and not isinstance(default, bool))
+        if value is None and (name in NONE_ALLOWED or default is None):
+            pass
+        elif numeric:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                expected = rule[0] if rule else "a number"
+                raise UsageError(f"{where}: {name} must be {expected}")
+            if not math.isfinite(value) or (rule is not None and not rule[1](value)):
+                expected = rule[0] if rule else "a finite number"
+                raise UsageError(f"{where}: {name} must be {expected}")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"{where}: {name} must be finite")
+        elif isinstance(default, bool) and not isinstance(value, bool):
+            raise UsageError(f"{where}: {name} must be true or false")
+        check = checks.get(name)
+        problem = check(value) if check is not None else None
+        if problem:
+            raise UsageError(f"{where}: {name} must be {problem}")

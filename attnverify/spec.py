@@ -68,6 +68,10 @@ class NormalizerSpec:
     #: ``ref(scores, dim=-1, **params)``, a :class:`NormalizerSpec` or a target string.
     #: ``None`` with a ``kernel`` means the kernel's general form.
     reference: Any = None
+    #: Validators of its own parameters, ``name -> check(value)``: ``check`` returns ``None``
+    #: when the value is acceptable, else what is expected ("a number in (0, 1)"); applied to
+    #: ``--params`` (:func:`attnverify.registry.validate_params`) on top of the shared rules.
+    param_checks: Mapping[str, Callable[[Any], str | None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.space not in SPACES:
@@ -119,13 +123,15 @@ def normalizer_spec(
     length_aware: bool = False,
     description: str = "",
     reference: Any = None,
+    param_checks: Mapping[str, Callable[[Any], str | None]] | None = None,
 ) -> NormalizerSpec:
     """Public constructor for a spec object that declares its claims (docs/INTERFACES.md).
 
     ``params`` defaults to the keyword defaults of ``fn``'s signature; ``claims`` defaults to
     the claims implied by ``space``, plus ``matches_reference`` when there is a reference:
     ``reference`` (a callable ``ref(scores, dim=-1, **params)``, a spec or a target string,
-    evaluated in float64) or, without one, the general form of ``kernel``.
+    evaluated in float64) or, without one, the general form of ``kernel``. ``param_checks``
+    validates parameters given with ``--params`` (see the field).
     """
     if not callable(fn):
         raise TargetError(f"normalizer {id or fn!r}: fn is not callable")
@@ -144,6 +150,7 @@ def normalizer_spec(
         length_aware=length_aware,
         description=description or _first_doc_line(fn),
         reference=reference,
+        param_checks=dict(param_checks or {}),
     )
 
 
