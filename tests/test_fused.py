@@ -309,6 +309,10 @@ def test_the_kernel_is_a_torch_operator_that_modes_and_fake_tensors_see(spy):
     assert spy.calls == 1
     op = torch.ops.attnverify.softmax_fused.default
     torch.library.opcheck(op, (x, 0.5), test_utils=("test_schema", "test_faketensor"))
+    back = torch.ops.attnverify.softmax_fused_backward.default
+    torch.library.opcheck(
+        back, (torch.randn(4, 8), y, 0.5), test_utils=("test_schema", "test_faketensor")
+    )
     assert op(torch.empty(2, 3, device="meta"), 1.0).shape == (2, 3)
     t = torch.randn(8, 4).t()  # called directly on what the kernel cannot read: the torch path
     torch.testing.assert_close(op(t, 1.0), torch.softmax(t, -1))
@@ -432,6 +436,30 @@ def test_gradient_and_second_derivative_match_torch(temperature):
     torch.testing.assert_close(ga, gb)
     h = torch.randn_like(ga)
     torch.testing.assert_close(torch.autograd.grad(ga, a, h)[0], torch.autograd.grad(gb, b, h)[0])
+
+
+@needs_kernel
+@pytest.mark.parametrize("temperature", [1.0, 0.3])
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 300, 4097])
+def test_backward_kernel_matches_torch(temperature, n):
+    """Without ``create_graph`` the backward is the C kernel (torch's softmax backward formula);
+    an expanded gradient (from ``.sum()``) takes the formula in torch ops instead."""
+    a, b = _pair((7, n), seed=n)
+    ya = fused.softmax_fused(a, temperature=temperature)
+    yb = torch.softmax(b / temperature, -1)
+    g = torch.randn(ya.shape, generator=torch.Generator().manual_seed(n + 1))
+    calls = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fused, "_backward_formula", lambda *args: calls.append(1) or formula(*args))
+        (ga,) = torch.autograd.grad(ya, a, g, retain_graph=True)
+        assert calls == []
+        (gs,) = torch.autograd.grad(ya.sum(), a)  # expanded ones: not contiguous
+        assert calls == [1]
+    torch.testing.assert_close(ga, torch.autograd.grad(yb, b, g)[0], rtol=2e-5, atol=1e-7)
+    torch.testing.assert_close(gs, torch.zeros_like(gs), rtol=0, atol=1e-5)  # Σ y = 1
+
+
+formula = fused._backward_formula
 
 
 @needs_kernel

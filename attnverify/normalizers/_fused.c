@@ -43,7 +43,7 @@
 
 /* Bumped whenever the kernel's results change; the Python side refuses a build that differs
  * (a stale in-place build after an edit), see attnverify/normalizers/fused.py. */
-#define KERNEL_VERSION 3
+#define KERNEL_VERSION 4
 
 enum { ISA_AUTO = 0, ISA_SCALAR = 1, ISA_AVX2 = 2, ISA_AVX512 = 3 };
 
@@ -383,6 +383,68 @@ static PyObject *softmax_f32(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(flagged);
 }
 
+/* ------------------------------------------------------------------ backward */
+
+/* The softmax backward of one row, torch's own formula: dx = y * (g - sum(g * y)), divided by
+ * T when T != 1 (the forward divided its argument by T). Sixteen partial sums in float32 lanes,
+ * as the forward sums exp; the elementwise pass is vectorised by the compiler, in one clone per
+ * instruction set picked at load time (GCC's target_clones). */
+#if AV_X86 && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+static void backward_row(const float *g, const float *y, float *dx, long long n, float t) {
+    float acc[16] = {0.0f};
+    long long i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) acc[k] += g[i + k] * y[i + k];
+    float s = 0.0f;
+    for (int k = 0; k < 16; k++) s += acc[k];
+    for (; i < n; i++) s += g[i] * y[i];
+    if (t == 1.0f) {
+        for (i = 0; i < n; i++) dx[i] = y[i] * (g[i] - s);
+    } else {
+        for (i = 0; i < n; i++) dx[i] = y[i] * (g[i] - s) / t;
+    }
+}
+
+static PyObject *softmax_backward_f32(PyObject *self, PyObject *args) {
+    unsigned long long gp, yp, dp;
+    long long rows, n;
+    double temperature;
+    int nthreads;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKKLLdi", &gp, &yp, &dp, &rows, &n, &temperature, &nthreads))
+        return NULL;
+    if (rows < 0 || n < 0) {
+        PyErr_SetString(PyExc_ValueError, "rows and n must be nonnegative");
+        return NULL;
+    }
+    if (!isnormal((float)temperature) || !((float)temperature > 0.0f)) {
+        PyErr_SetString(PyExc_ValueError, "temperature must be a positive normal float32");
+        return NULL;
+    }
+    if (rows == 0 || n == 0) Py_RETURN_NONE;
+    long long want = (rows * n) / MIN_PER_THREAD;
+    if (nthreads < 1) nthreads = 1;
+    if (nthreads > want) nthreads = (int)(want > 1 ? want : 1);
+    if (nthreads > rows) nthreads = (int)rows;
+    const float *g = (const float *)(uintptr_t)gp;
+    const float *y = (const float *)(uintptr_t)yp;
+    float *dx = (float *)(uintptr_t)dp;
+    const float t = (float)temperature;
+    Py_BEGIN_ALLOW_THREADS
+    if (nthreads == 1) {
+        for (long long r = 0; r < rows; r++) backward_row(g + r * n, y + r * n, dx + r * n, n, t);
+    } else {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+#endif
+        for (long long r = 0; r < rows; r++) backward_row(g + r * n, y + r * n, dx + r * n, n, t);
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *available_isa(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
@@ -400,6 +462,10 @@ static PyMethodDef methods[] = {
      "softmax_f32(x_ptr, y_ptr, rows, n, temperature, nthreads, isa) -> rows left to the caller\n\n"
      "Row-wise softmax of a contiguous (rows, n) float32 array into another. Returns the number\n"
      "of rows holding NaN or +inf, which were not written.\n"
+     "UNCHECKED: the addresses must be valid for rows*n floats; use attnverify.normalizers.fused."},
+    {"softmax_backward_f32", softmax_backward_f32, METH_VARARGS,
+     "softmax_backward_f32(g_ptr, y_ptr, dx_ptr, rows, n, temperature, nthreads) -> None\n\n"
+     "dx = y * (g - sum(g * y, row)) / temperature for contiguous (rows, n) float32 arrays.\n"
      "UNCHECKED: the addresses must be valid for rows*n floats; use attnverify.normalizers.fused."},
     {"available_isa", available_isa, METH_NOARGS,
      "available_isa() -> best instruction set here: 1 portable C, 2 AVX2+FMA, 3 AVX-512F"},

@@ -12,12 +12,14 @@ masked key gives exactly 0 and a fully masked row gives zeros. The kernel runs o
 float32 CPU tensor (a plain tensor or a Parameter, not another subclass), softmax over its last
 dimension; everything else, and every row holding NaN or +inf, runs ``softmax``'s torch path.
 
-Only public torch API. The kernel is a torch operator, ``torch.ops.attnverify.softmax_fused``
-(defined with :mod:`torch.library`, with a Meta implementation for fake tensors), so dispatch
-modes (``FlopCounterMode``, ``make_fx``, fake tensors) see an operator call instead of a hidden C
-call. Its autograd is a :class:`torch.autograd.Function` whose backward is the softmax formula
-``y ⊙ (g − Σ g⊙y) / T`` in plain torch ops (so double backward works) and whose ``jvp`` serves
-forward-mode AD. Inputs the kernel must not see go to the torch path instead: a torch function
+Only public torch API. The forward and backward kernels are torch operators,
+``torch.ops.attnverify.softmax_fused`` and ``softmax_fused_backward`` (defined with
+:mod:`torch.library`, with Meta implementations for fake tensors), so dispatch modes
+(``FlopCounterMode``, ``make_fx``, fake tensors) see operator calls instead of hidden C calls.
+Autograd is a :class:`torch.autograd.Function`: its backward is the backward kernel, which
+computes softmax's own formula ``y ⊙ (g − Σ g⊙y) / T`` in one pass per row (in place of torch's
+private ``_softmax_backward_data``); with ``create_graph`` it is that formula in torch ops, so
+double backward works; its ``jvp`` serves forward-mode AD. Inputs the kernel must not see go to the torch path instead: a torch function
 mode or subclass (``torch.overrides.has_torch_function``), a tensor without plain memory
 (``data_ptr()`` fails for ``torch.func``'s wrapped tensors and is 0 for a zero tensor), a
 negated view (``is_neg()``), ``torch.compile`` and ``torch.jit.trace``. The one thing outside
@@ -46,7 +48,7 @@ from attnverify.normalizers import dense
 from attnverify.normalizers.rows import check_temperature
 
 #: The kernel build this module expects; ``_fused.c``'s ``KERNEL_VERSION``.
-KERNEL_VERSION = 3
+KERNEL_VERSION = 4
 
 _F32_NORMAL = 1.1754943508222875e-38
 _F32_MAX = 3.4028234663852886e38
@@ -143,21 +145,64 @@ def _run(x: torch.Tensor, temperature: float) -> torch.Tensor:
     return dense.softmax(x, -1, temperature) if left else y
 
 
-#: ``torch.ops.attnverify.softmax_fused(x, temperature)``: the kernel as a torch operator.
+def _backward_formula(grad: torch.Tensor, y: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Softmax's backward in torch ops, ``y ⊙ (g − Σ g⊙y) / T``: differentiable (double
+    backward) and for any grad tensor."""
+    g = y * (grad - (grad * y).sum(dim=-1, keepdim=True))
+    return g if temperature == 1.0 else g / temperature
+
+
+def _run_backward(grad: torch.Tensor, y: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The backward kernel's output for a contiguous float32 ``grad`` shaped like ``y`` (the
+    forward's contiguous output); :func:`_backward_formula` for any other ``grad`` (an expanded
+    one from ``.sum()``, another dtype)."""
+    if not (
+        grad.dtype is torch.float32
+        and y.dtype is torch.float32
+        and grad.shape == y.shape
+        and grad.is_contiguous()
+        and y.is_contiguous()
+        and not grad.is_neg()
+        and y.dim() > 0
+        and y.numel()
+    ):
+        return _backward_formula(grad, y, temperature)
+    dx = torch.empty_like(y, memory_format=torch.contiguous_format)
+    n = y.shape[-1]
+    _ext.softmax_backward_f32(
+        grad.data_ptr(),
+        y.data_ptr(),
+        dx.data_ptr(),
+        y.numel() // n,
+        n,
+        float(temperature),
+        torch.get_num_threads(),
+    )
+    return dx
+
+
+def _empty_like(x: torch.Tensor, *_args) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+#: ``torch.ops.attnverify.softmax_fused(x, temperature)`` and
+#: ``torch.ops.attnverify.softmax_fused_backward(grad, y, temperature)``: the kernels as torch
+#: operators, with Meta implementations (shapes only) for fake tensors.
 _LIB = None
 if _ext is not None:
     _LIB = torch.library.Library("attnverify", "FRAGMENT")
     _LIB.define("softmax_fused(Tensor x, float temperature) -> Tensor")
     _LIB.impl("softmax_fused", _run, "CPU")
-    _LIB.impl(
-        "softmax_fused",
-        lambda x, t: torch.empty_like(x, memory_format=torch.contiguous_format),
-        "Meta",
-    )
+    _LIB.impl("softmax_fused", _empty_like, "Meta")
+    _LIB.define("softmax_fused_backward(Tensor grad, Tensor y, float temperature) -> Tensor")
+    _LIB.impl("softmax_fused_backward", _run_backward, "CPU")
+    _LIB.impl("softmax_fused_backward", lambda g, y, t: _empty_like(y), "Meta")
 
 
 class _FusedSoftmax(torch.autograd.Function):
-    """Forward: the kernel's operator. Backward and ``jvp``: softmax's derivative in torch ops."""
+    """Forward: the kernel's operator. Backward: the backward kernel's operator, or, with
+    ``create_graph``, softmax's derivative in torch ops (so double backward works). ``jvp``: the
+    derivative in torch ops."""
 
     @staticmethod
     def forward(x: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -172,8 +217,9 @@ class _FusedSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (y,) = ctx.saved_tensors
-        g = y * (grad - (grad * y).sum(dim=-1, keepdim=True))
-        return (g if ctx.temperature == 1.0 else g / ctx.temperature), None
+        if torch.is_grad_enabled():  # create_graph: the formula, which autograd differentiates
+            return _backward_formula(grad, y, ctx.temperature), None
+        return torch.ops.attnverify.softmax_fused_backward(grad, y, ctx.temperature), None
 
     @staticmethod
     def jvp(ctx, dx: torch.Tensor, _t):
