@@ -20,20 +20,22 @@ from pathlib import Path
 import pytest
 
 from attnverify.properties import RESULT_KEY, SUITE, option  # noqa: F401 - option re-exported
+from attnverify.runconfig import DEFAULT_PROFILE, PROFILE_NAMES, register_profiles
 
 _OPTIONS = [
     ("target", "ATTNVERIFY_TARGET", "normalizer(s) under test, comma-separated: built-in id, "
      "module:attr or file.py:attr (default: every built-in)"),
     ("claims", "ATTNVERIFY_CLAIMS", "claims replacing the target's own, comma-separated"),
     ("params", "ATTNVERIFY_PARAMS", "normalizer parameters k=v,k=v"),
-    ("profile", "ATTNVERIFY_PROFILE", "dev | ci | thorough (default ci)"),
+    ("profile", "ATTNVERIFY_PROFILE", f"{' | '.join(PROFILE_NAMES)} (default {DEFAULT_PROFILE})"),
     ("seed", "ATTNVERIFY_SEED", "search seed (default 0)"),
     ("max-examples", "ATTNVERIFY_MAX_EXAMPLES", "examples per property"),
     ("dtypes", "ATTNVERIFY_DTYPES", "default float32,float64"),
     ("device", "ATTNVERIFY_DEVICE", "cpu | cuda"),
     ("json", "ATTNVERIFY_JSON", "write the JSON certificate here"),
     ("markdown", "ATTNVERIFY_MARKDOWN", "write a Markdown certificate here"),
-    ("xfails", "ATTNVERIFY_XFAILS", "file of '<target>::<property>' substrings expected to fail"),
+    ("xfails", "ATTNVERIFY_XFAILS", "file of TARGET::PROPERTY patterns expected to fail "
+     "(attnverify.xfails: strict; * ? [] allowed)"),
     ("reference", "ATTNVERIFY_REFERENCE", "compare every target with this normalizer (a target "
      "string), evaluated in float64: adds the claim matches_reference"),
 ]
@@ -49,6 +51,7 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "attnverify: a property of the attnverify suite")
     config._attnverify_results = []
+    register_profiles()  # the profiles, as Hypothesis profiles attnverify-dev, -ci, -thorough
     target = option(config, "target")
     if target:
         _validate(config, target)
@@ -71,6 +74,10 @@ def _validate(config, target: str) -> None:
                            chosen)
         if option(config, "reference"):
             load_target(option(config, "reference"))
+        from attnverify.atomic import check_output_paths
+
+        check_output_paths({"--attnverify-json": option(config, "json"),
+                            "--attnverify-markdown": option(config, "markdown")})
     except UsageError as exc:
         raise pytest.UsageError(f"attnverify: {exc}") from None
 

@@ -119,7 +119,9 @@ def call(spec: NormalizerSpec, scores: torch.Tensor, temperature: float | None =
         kw["temperature"] = temperature
     try:
         return spec(scores, dim=-1, **kw)
-    except Exception as exc:  # noqa: BLE001
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - SystemExit, GeneratorExit, … fail the property
         raise NormalizerError(exc, input=scores) from exc
 
 
