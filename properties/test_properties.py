@@ -60,16 +60,20 @@ def _xfails(config) -> list[str]:
 def pytest_generate_tests(metafunc):
     if "attnverify_case" not in metafunc.fixturenames:
         return
+    from attnverify.xfails import check_entries, matches
+
     try:
         _, cases = _load(_key(metafunc.config))
+        entries = _xfails(metafunc.config)
+        if entries:  # strict: an entry matching nothing, or everything, is a usage error
+            check_entries(entries, [f"{target}::{prop_id}" for target, _, prop_id in cases])
     except UsageError as exc:
         raise pytest.UsageError(f"attnverify: {exc}") from None
-    entries = _xfails(metafunc.config)
     params = []
     for target, spec, prop_id in cases:
         tid = f"{target}::{prop_id}"
-        marks = [pytest.mark.xfail(reason=f"listed in xfails ({e!r})", strict=False)
-                 for e in entries if e in tid][:1]
+        marks = [pytest.mark.xfail(reason=f"listed in xfails ({str(e)!r})", strict=False)
+                 for e in entries if matches(e, tid)][:1]
         params.append(pytest.param((target, spec, prop_id), id=tid, marks=marks))
     metafunc.parametrize("attnverify_case", params)
 
