@@ -147,3 +147,11 @@ def test_the_check_catches_a_bare_reference(tmp_path):
     assert BARE_SPEC.search("see STYLE.md")
     assert not BARE_SPEC.search("match docs/THEORY.md §7")
     assert OUTSIDE.search("`../shared/data/war_and_peace.txt`")
+
+
+def test_falsify_limits_in_the_contract_match_the_parser():
+    from attnverify import expr
+
+    text = " ".join(_read("INTERFACES.md").split())
+    assert f"longer than {expr.MAX_LENGTH} characters" in text
+    assert f"nested deeper than {expr.MAX_DEPTH} levels" in text
