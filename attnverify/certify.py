@@ -282,8 +282,10 @@ def _finish(prop, claimed, status, state, start, message, violation, spec, ctx) 
             }))
         if not state.reproduces:
             counterexample["reproduces"] = False
-        counterexample["repro"] = repro_command(spec.target or spec.id, case_json,
-                                                property=prop.id)
+        reference = getattr(spec, "reference", None)
+        counterexample["repro"] = repro_command(
+            spec.target or spec.id, case_json, property=prop.id,
+            reference=reference if isinstance(reference, str) else None)
     return PropertyResult(
         property=prop.id,
         claimed=claimed,

@@ -227,6 +227,8 @@ def _repro_args(p: argparse.ArgumentParser) -> None:
                    help="the case as printed in a repro line (inline JSON or a JSON file)")
     p.add_argument("--params", default=None, help="normalizer parameters, k=v,k=v (override "
                    "the case's)")
+    p.add_argument("--reference", default=None, metavar="REF",
+                   help="the reference target of matches_reference, as certify was given it")
 
 
 def _run_repro(args) -> int:

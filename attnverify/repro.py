@@ -44,6 +44,9 @@ def run_repro_command(args) -> int:
     if "temperature" in params:
         positive_temperature(params["temperature"])
     spec = load_target(args.target, params)
+    if getattr(args, "reference", None):
+        load_target(args.reference)  # a bad reference is a usage error
+        spec = spec.with_reference(args.reference.strip())
     if args.property is not None:
         return _property(args.target, spec, args.property, data)
     return _inequality(args.target, spec, args.inequality, data, params)

@@ -211,7 +211,7 @@ def _simple(value: Any) -> bool:
 
 
 def repro_command(target: str, case: dict[str, Any], *, property: str | None = None,
-                  inequality: str | None = None) -> str:
+                  inequality: str | None = None, reference: str | None = None) -> str:
     """The one-line shell command that re-checks ``property`` (or ``inequality``) on ``case``.
 
     Exits 1 with the violation message while the normalizer fails there, 0 once it is fixed.
@@ -221,6 +221,8 @@ def repro_command(target: str, case: dict[str, Any], *, property: str | None = N
         parts += ["--property", property]
     if inequality is not None:
         parts += ["--inequality", inequality]
+    if reference is not None:
+        parts += ["--reference", reference]
     text = json.dumps(case, separators=(",", ":"), allow_nan=False)
     if len(text) > MAX_INLINE_CHARS:
         text = str(_write_case_file(text))

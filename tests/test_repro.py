@@ -177,3 +177,12 @@ def test_fix_temperature_validates():
     assert fix_temperature(ctx, {"temperature": 2}).temperature == 2.0
     with pytest.raises(UsageError, match="--attnverify-params temperature='x'"):
         fix_temperature(ctx, {"temperature": "x"}, option="--attnverify-params")
+
+
+def test_a_reference_mismatch_reproduces_with_its_reference(capsys):
+    spec = load_target("softmax").with_reference(f"{PLANTED}:row_sum_off_softmax")
+    r = run_property(PROPERTIES["matches_reference"], spec, CTX).to_json()
+    line = r["counterexample"]["repro"]
+    assert "--reference" in line and r["counterexample"]["scores"] == [[0.0]]
+    code, out = run_line(capsys, line)
+    assert code == 1 and "differ from the reference" in out
