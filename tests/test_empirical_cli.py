@@ -58,6 +58,15 @@ def no_model(monkeypatch):
     monkeypatch.setattr(models, "load_model", load_model)
 
 
+@pytest.fixture
+def no_plots(monkeypatch):
+    """matplotlib unavailable: the run writes no figures (rendering them is most of a quick
+    run's time, and figures are tested in test_empirical_pipeline)."""
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+
+
 # ---- every option, range-checked before the model loads ------------------------------------
 
 BAD_VALUES = [
@@ -104,6 +113,9 @@ BAD_VALUES = [
     (["--device", "tpu"], "--device"),
     (["--model", " "], "--model"),
     (["--timeout", "nan"], "--timeout"),
+    (["--training-steps", "1000000000"], "--training-steps"),
+    (["--collapse-seeds", "1000000000"], "--collapse-seeds"),
+    (["--mc-draws", "1000000000"], "--mc-draws"),
     (["--timeout", "inf"], "--timeout"),
     (["--timeout", "-1"], "--timeout"),
     (["--selectivity-temperatures", "nan"], "--selectivity-temperatures"),
@@ -190,10 +202,7 @@ def test_missing_transformers_in_a_fresh_interpreter_with_no_progress(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_without_matplotlib_the_run_completes_without_figures(monkeypatch, capsys, tmp_path):
-    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
-        monkeypatch.setitem(sys.modules, name, None)
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
+def test_without_matplotlib_the_run_completes_without_figures(no_plots, capsys, tmp_path):
     out = tmp_path / "o"
     code, stdout, err = run_cli(QUICK + ["--out", str(out), "--experiments", "rank_collapse",
                                          "--collapse-seeds", "1", "--collapse-depth", "2"],
@@ -201,6 +210,21 @@ def test_without_matplotlib_the_run_completes_without_figures(monkeypatch, capsy
     assert code == 0, err
     assert "Traceback" not in err and "0 figure(s)" in stdout
     assert not list(out.glob("*.png")) and (out / "results.json").exists()
+
+
+def test_out_of_memory_is_one_line_and_keeps_the_checkpoints(monkeypatch, capsys, tmp_path):
+    from attnverify.empirical.experiments import RUNNERS
+
+    def allocate(ctx):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: "
+                           "can't allocate memory: you tried to allocate 128000000000 bytes.")
+
+    monkeypatch.setitem(RUNNERS, "training", allocate)
+    out = tmp_path / "o"
+    code, _, err = run_cli(QUICK + ["--out", str(out), "--experiments", "rank_collapse,training",
+                                    "--collapse-seeds", "1", "--collapse-depth", "2"], capsys)
+    assert_one_line(code, err, 2, "out of memory", "can't allocate memory", "checkpoints")
+    assert (out / "checkpoints" / "rank_collapse.json").exists()
 
 
 # ---- checkpoints ---------------------------------------------------------------------------
@@ -249,7 +273,7 @@ def test_damaged_checkpoint_is_ignored_with_one_warning(tmp_path, how):
     assert str(store.path("gradient")) in warnings[0] and "recomputing" in warnings[0]
 
 
-def test_resume_over_a_damaged_checkpoint_recomputes_it(tmp_path, capsys):
+def test_resume_over_a_damaged_checkpoint_recomputes_it(tmp_path, capsys, no_plots):
     """Also the default text: no --text, the packaged excerpt is read and recorded."""
     out = tmp_path / "run"
     args = QUICK + ["--out", str(out), "--experiments", "gradient"]
@@ -301,7 +325,7 @@ def hangs(scores, dim=-1):
 '''
 
 
-def test_failing_normalizers_are_reported_and_the_others_kept(tmp_path, capsys):
+def test_failing_normalizers_are_reported_and_the_others_kept(tmp_path, capsys, no_plots):
     module = tmp_path / "bad.py"
     module.write_text(BAD_NORMALIZERS, encoding="utf-8")
     bad = [f"{module}:{name}" for name in ("exits", "stops", "wrong_shape", "hangs")]
@@ -337,21 +361,22 @@ def test_failing_normalizers_are_reported_and_the_others_kept(tmp_path, capsys):
 def test_ctrl_c_is_exit_130_with_one_line_and_the_checkpoints_kept(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "attnverify.empirical"] + QUICK + [
-        "--out", str(out), "--experiments", "gradient,rank_collapse",
-        "--collapse-seeds", "1000000"]  # rank_collapse runs until interrupted
+        "--out", str(out), "--experiments", "rank_collapse,training",  # no model to load
+        "--collapse-seeds", "1", "--collapse-depth", "2",
+        "--training-steps", "20000"]  # training runs until interrupted
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=ENV)
-    done = out / "checkpoints" / "gradient.json"
+    done = out / "checkpoints" / "rank_collapse.json"
     deadline = time.monotonic() + 180
     while not done.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            pytest.fail(f"gradient never finished: {proc.communicate()[1]}")
+            pytest.fail(f"rank_collapse never finished: {proc.communicate()[1]}")
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert_one_line(proc.returncode, err, 130, "interrupted", "--resume")
-    assert CheckpointStore(out).path("gradient") == done
+    assert CheckpointStore(out).path("rank_collapse") == done
     assert "sha256" in json.loads(done.read_text(encoding="utf-8"))
     assert not (out / "results.json").exists()
 

@@ -203,11 +203,29 @@ def run(args: argparse.Namespace) -> int:
     except UsageError:
         _remove_empty(out, created)
         raise
+    except (MemoryError, RuntimeError) as exc:
+        if not _out_of_memory(exc):
+            raise
+        raise UsageError(f"out of memory ({_first_line(exc)}): lower the sizes asked for "
+                         "(--windows, --rows-per-length, --max-length, --mc-draws, …); finished "
+                         f"experiments are kept in {out / 'checkpoints'}") from None
     _summary(document, config.out)
     for failure in document.get("failed_normalizers", []):
         print(f"attnverify empirical: normalizer {failure['id']!r} failed in "
               f"{failure['reason']}; its columns are left out", file=sys.stderr)
     return 1 if document.get("failed_normalizers") else 0
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """MemoryError, torch's OutOfMemoryError, or the CPU allocator's refusal."""
+    text = str(exc)
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or \
+        "can't allocate memory" in text or "out of memory" in text.lower()
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else type(exc).__name__
 
 
 #: Exit status after Ctrl-C (128 + SIGINT), as the main CLI.

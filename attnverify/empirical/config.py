@@ -24,6 +24,13 @@ MAX_SEED = 2**32 - 1
 #: Largest ``--threads`` and ``--temperature-points`` accepted (beyond any sensible run).
 MAX_THREADS = 1024
 MAX_TEMPERATURE_POINTS = 10_000
+#: Upper limits of the size options: far beyond the papers' settings, low enough that no size
+#: asks for absurd memory at once (the training run holds all its batches: 8 kB per step).
+SIZE_LIMITS = {
+    "windows": 10_000, "rows_per_length": 100_000, "mc_draws": 1_000, "critical_draws": 1_000,
+    "collapse_depth": 1_000, "collapse_seeds": 10_000, "coverage_n": 100_000,
+    "training_steps": 20_000, "training_layers": 256,
+}
 
 #: Paper A's five algorithms, in the paper's order, then paper B's rank-collapse check.
 PAPER_A_EXPERIMENTS = (
@@ -232,6 +239,10 @@ def validate_settings(config: RunConfig) -> None:
     _positive(config.coverage_n, "--coverage-n")
     _positive(config.training_steps, "--training-steps")
     _positive(config.training_layers, "--training-layers")
+    for name, limit in SIZE_LIMITS.items():
+        if getattr(config, name) > limit:
+            raise UsageError(f"--{name.replace('_', '-')}={getattr(config, name)} is beyond the "
+                             f"limit of {limit:,}")
     if not {config.embeddings, *config.embedding_variants} <= set(EMBEDDINGS):
         raise UsageError(f"--embeddings: expected a list of {', '.join(EMBEDDINGS)}")
     if config.min_length < 4:
