@@ -91,7 +91,8 @@ def _rows(document: dict, paper: dict) -> list[dict]:
 
 def _summary(document: dict, rows: list[dict], total: float, paper: dict) -> dict:
     meta, env = document["model"], document["environment"]
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    peak_mb = usage.ru_maxrss / 1024
     paper_total = sum(paper[name] for name in PAPER_A)
     return {
         "model": meta["name"],
@@ -103,6 +104,8 @@ def _summary(document: dict, rows: list[dict], total: float, paper: dict) -> dic
         "load_seconds": meta["seconds"]["load"],
         "forward_seconds": meta["seconds"]["extract"],
         "total_seconds": total,
+        "cpu_seconds": usage.ru_utime + usage.ru_stime,
+        "load_average": os.getloadavg()[0],
         "paper_total_seconds": paper_total,
         "total_speedup": paper_total / total,
         "peak_rss_mb": peak_mb,
@@ -149,6 +152,10 @@ def render(s: dict) -> str:
             "unequal work, and only a GPT-2-shaped run (gpt2, gpt2-random) is comparable.",
         ]
     lines += [
+        "",
+        f"CPU time of the process {s['cpu_seconds']:.1f} s (wall {s['total_seconds']:.1f} s; "
+        f"1-minute load average {s['load_average']:.1f} at the end: a load above the machine's "
+        "CPU count means other jobs shared it and the wall time is pessimistic).",
         "",
         f"Peak memory {s['peak_rss_mb']:.0f} MB. {verdict} the target "
         f"(< {TARGET_SECONDS} s and < {TARGET_MB // 1024} GB).",

@@ -65,3 +65,16 @@ def test_smollm2_short_run_end_to_end(smollm2, tmp_path, capsys, monkeypatch):
     assert sum(own["bound_violations"]) == 0, "Theorem 1.1 must hold on softmax attention"
     report = (out / "report.md").read_text(encoding="utf-8")
     assert "`smollm2-135m` — pretrained weights" in report
+
+
+def test_smollm2_hidden_embeddings_are_the_rmsnorm_output(smollm2):
+    ids = smollm2.tokenize("Well, Prince, so Genoa and Lucca are now just family estates.")[:24]
+    ex = extraction.extract(smollm2, [ids], embeddings=("value", "hidden", "input"))
+    base = smollm2.model.base_model
+    with torch.no_grad():
+        out = base(input_ids=torch.tensor([ids]), output_hidden_states=True)
+        for layer in (0, 15, 29):
+            want = base.layers[layer].input_layernorm(out.hidden_states[layer][0])
+            diff = float((ex.hidden[0, layer] - want).abs().max())
+            assert diff <= 1e-4, f"layer {layer}: hidden differs from input_layernorm by {diff}"
+    assert ex.hidden.shape == (1, 30, len(ids), 576) and ex.inputs.shape == (1, 1, len(ids), 576)

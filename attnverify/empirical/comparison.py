@@ -454,8 +454,9 @@ def lemma1_bound(result: dict) -> dict:
         "logit range)",
         "holds (any L-independent normalizer, bounded logits)",
         f"{bad} violations in {rows} rows over L = {result['lengths'][0]}…"
-        f"{result['lengths'][-1]}; median ρ over heads {_fmt(result['range_quantiles'][0]['median'])}"
-        f" → {_fmt(result['range_quantiles'][-1]['median'])}",
+        f"{result['lengths'][-1]}; median ρ over heads "
+        f"{_fmt(result['range_quantiles'][0]['median'])} → "
+        f"{_fmt(result['range_quantiles'][-1]['median'])}",
         bad == 0, "no row outside either bound",
     )
 

@@ -58,7 +58,9 @@ class Extraction:
     def with_embeddings(self, embeddings: str) -> Extraction:
         """The same record with x_i read as ``embeddings`` (``value``, ``hidden``, ``input``)."""
         if embeddings not in EMBEDDINGS:
-            raise UsageError(f"--embeddings {embeddings!r}: expected one of {', '.join(EMBEDDINGS)}")
+            raise UsageError(
+                f"--embeddings {embeddings!r}: expected one of {', '.join(EMBEDDINGS)}"
+            )
         if {"hidden": self.hidden, "input": self.inputs}.get(embeddings, self.v) is None:
             raise UsageError(f"--embeddings {embeddings}: not captured in this extraction")
         return dataclasses.replace(self, embeddings=embeddings)

@@ -12,8 +12,8 @@ from attnverify.empirical.experiments.context import (
     quantiles,
     window_medians,
 )
-from attnverify.empirical.rows import RowBatch, chunks, over_chunks
 from attnverify.empirical.extraction import SharedRows
+from attnverify.empirical.rows import RowBatch, chunks, over_chunks
 from attnverify.empirical.separation import (
     on_sphere,
     prefix_min_distance,
