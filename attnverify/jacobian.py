@@ -65,10 +65,13 @@ class Linearization:
         if self.mode == "double_backward":
             try:
                 zz, out, seed, g = self._recorded()
-                if g.requires_grad or not out.requires_grad:
-                    return _grad(g, seed, v)
+                if not out.requires_grad:
+                    return torch.zeros_like(v)
+                # g must depend on the seed: a backward that is not recorded (or is
+                # once_differentiable) has no path from seed to g, or raises here
+                return torch.autograd.grad(g, seed, v, retain_graph=True)[0]
             except RuntimeError:
-                pass  # a once_differentiable backward, or one that cannot be recorded
+                pass
             self.mode = "reverse_rows"
         return torch.bmm(self.dense(), v.unsqueeze(-1)).squeeze(-1)
 

@@ -57,6 +57,9 @@ def test_correct_classic_functions_are_certified_with_jacobian_claims(attr):
     bad = {r.property: r.message for r in res.results if r.status not in ("holds",)}
     assert res.verdict == "certified" and not bad, bad
     assert {r.property for r in res.results} >= {"gradient", *JACOBIAN_CLAIMS}
+    # the two-way tie of the battery attains 1/(2T): the Jacobian was really formed, not zero
+    ratio = {r.property: r.worst_ratio for r in res.results}["jacobian_spectral_half"]
+    assert ratio > 0.99
 
 
 def test_double_backward_claim():

@@ -62,11 +62,35 @@ def softmax_no_jvp(z):
     return _SoftmaxNoJvp.apply(z)
 
 
+class _StablemaxOnce(torch.autograd.Function):
+    """Stablemax (non-symmetric J) as a classic Function whose backward cannot be differentiated:
+    neither forward mode nor the double-backward trick can form J·v."""
+
+    @staticmethod
+    def forward(ctx, z):
+        ctx.save_for_backward(z)
+        return stablemax(z)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        (z,) = ctx.saved_tensors
+        with torch.enable_grad():
+            zz = z.detach().requires_grad_(True)
+            (out,) = torch.autograd.grad(stablemax(zz), zz, g)
+        return out
+
+
+def stablemax_once(z):
+    return _StablemaxOnce.apply(z)
+
+
 MAPS = {
     "softmax": softmax,
     "stablemax": stablemax,
     "sa_softmax": sa_softmax,
     "softmax_no_jvp": softmax_no_jvp,
+    "stablemax_once": stablemax_once,
 }
 
 
@@ -216,6 +240,28 @@ def test_custom_function_without_jvp_falls_back_to_double_backward():
     lin = jacobian.linearize(softmax_no_jvp, z)
     lin.jvp(torch.ones_like(z))
     assert lin.forward_error is not None
+
+
+def test_once_differentiable_function_falls_back_to_explicit_vjps():
+    """No forward mode, no double backward: J from L VJPs, J·v and Jᵀu as matrix products."""
+    z = torch.randn(2, 9, generator=gen(3), dtype=F64)
+    lin = jacobian.linearize(stablemax_once, z)
+    v = torch.randn(2, 9, generator=gen(4), dtype=F64)
+    J = reference_jacobians(stablemax, z)
+    close(lin.jvp(v), (J @ v.unsqueeze(-1)).squeeze(-1), "J·v from VJPs")
+    assert lin.mode == "reverse_rows"
+    close(lin.vjp(v), (J.transpose(-2, -1) @ v.unsqueeze(-1)).squeeze(-1), "Jᵀu from VJPs")
+    result = jacobian.spectral_norm(stablemax_once, z)
+    assert result.mode == "reverse_rows"
+    close(result.value, torch.linalg.matrix_norm(J, 2), "spectral norm from VJPs")
+
+
+def test_a_normalizer_that_raises_is_not_hidden_by_the_fallbacks():
+    def broken(z):
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        jacobian.spectral_norm(broken, torch.zeros(1, 3, dtype=F64))
 
 
 def test_float32_rows_use_the_float32_tolerance():
