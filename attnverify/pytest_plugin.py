@@ -19,8 +19,36 @@ from pathlib import Path
 
 import pytest
 
-from attnverify.properties import RESULT_KEY, SUITE, option  # noqa: F401 - option re-exported
 from attnverify.runconfig import DEFAULT_PROFILE, PROFILE_NAMES, register_profiles
+
+
+def _source_properties() -> None:
+    """Make ``attnverify.properties`` importable when ``attnverify`` itself was imported from a
+    source checkout (``python -m pytest`` in the repository puts the checkout's ``attnverify/``
+    ahead of the installed package): the suite then lives in the checkout's ``properties/``,
+    which only the install maps into the package (``pyproject.toml``, package-dir)."""
+    import importlib.util
+    import sys
+
+    import attnverify
+
+    folder = Path(attnverify.__file__).resolve().parent.parent / "properties"
+    spec = importlib.util.spec_from_file_location(
+        "attnverify.properties", folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    if spec is None or spec.loader is None or not (folder / "__init__.py").is_file():
+        raise ImportError(f"attnverify.properties: no suite in {folder}; reinstall attnverify")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["attnverify.properties"] = module
+    spec.loader.exec_module(module)
+
+
+try:
+    import attnverify.properties  # noqa: F401 - installed (or mapped by an editable install)
+except ModuleNotFoundError:
+    _source_properties()
+
+from attnverify.properties import RESULT_KEY, SUITE, option  # noqa: E402, F401 - re-exported
 
 _OPTIONS = [
     ("target", "ATTNVERIFY_TARGET", "normalizer(s) under test, comma-separated: built-in id, "

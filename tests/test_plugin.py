@@ -45,3 +45,24 @@ def test_plugin_bad_target_is_a_usage_error(pytester):
     result = pytester.runpytest_subprocess("--attnverify-target=nosuch", "-q")
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*unknown target 'nosuch'*"])
+
+
+def test_plugin_loads_from_a_source_checkout_that_shadows_the_install():
+    """``python -m pytest`` in the repository imports the checkout's ``attnverify/``, which has
+    no ``properties`` subpackage (only the install maps ``properties/`` into the package): the
+    plugin finds the suite in the checkout's ``properties/`` instead of failing to load."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import sys\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]\n"
+        f"sys.path.insert(0, {str(root)!r})\n"
+        "import attnverify.pytest_plugin as p, attnverify.properties as s\n"
+        "print(p.SUITE, p.SUITE.is_file(), s.__file__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    folder = root / "properties"
+    assert out.stdout.split() == [str(folder / "test_properties.py"), "True",
+                                  str(folder / "__init__.py")]
