@@ -167,13 +167,12 @@ def check_matches_reference(spec, case, ctx) -> float:
     got, want = got[judged], want[judged]
     ok, excess = close_mask(got, want, dtype)
     if not ok:
-        rows = judged.nonzero().flatten()
-        bad = int(rows[int(_worst_row(got, want, dtype))])
+        worst = _worst_row(got, want, dtype)
+        bad = int(judged.nonzero().flatten()[worst])
         raise Violation(
             f"weights differ from the reference {reference_label(spec)} ({describe_dtype(dtype)}"
             f", T={case.temperature}): {mismatch_message(got, want, dtype)}; row {bad}: got "
-            f"{_short(got[_worst_row(got, want, dtype)])}, reference "
-            f"{_short(want[_worst_row(got, want, dtype)])}",
+            f"{_short(got[worst])}, reference {_short(want[worst])}",
             observed=excess, bound=1, ratio=excess, row=bad,
         )
     return excess
