@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from attnverify.empirical.experiments.context import Context, quantiles
+from attnverify.empirical.experiments.context import Context, quantiles, window_medians
 from attnverify.empirical.experiments.distances import geometric_grid, theorem1_rows
 from attnverify.empirical.rows import RowBatch
 from attnverify.empirical.targets import model_weighting
@@ -55,4 +55,6 @@ def convergence(ctx: Context) -> dict:
         "dtilde": d.T.tolist(), "bound": bound.T.tolist(), "E_mc": e.T.tolist(),
         "gap_quantiles": [quantiles(v) for v in gap.T],
         "tightness_quantiles": [quantiles(v) for v in tight.T],
+        **{f"{k}_window_median": window_medians(batch, rows[k])
+           for k in ("dtilde", "bound", "E_mc")},  # [N][window]
     }
