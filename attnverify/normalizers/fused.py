@@ -15,18 +15,22 @@ dimension; everything else, and every row holding NaN or +inf, runs ``softmax``'
 Only public torch API. The forward and backward kernels are torch operators,
 ``torch.ops.attnverify.softmax_fused`` and ``softmax_fused_backward`` (defined with
 :mod:`torch.library`, with Meta implementations for fake tensors), so dispatch modes
-(``FlopCounterMode``, ``make_fx``, fake tensors) see operator calls instead of hidden C calls.
-Autograd is a :class:`torch.autograd.Function`: its backward is the backward kernel, which
-computes softmax's own formula ``y ⊙ (g − Σ g⊙y) / T`` in one pass per row (in place of torch's
-private ``_softmax_backward_data``); with ``create_graph`` it is that formula in torch ops, so
-double backward works; its ``jvp`` serves forward-mode AD. Inputs the kernel must not see go to the torch path instead: a torch function
-mode or subclass (``torch.overrides.has_torch_function``), a tensor without plain memory
-(``data_ptr()`` fails for ``torch.func``'s wrapped tensors and is 0 for a zero tensor), a
-negated view (``is_neg()``), ``torch.compile`` and ``torch.jit.trace``. The one thing outside
-torch's API is the OpenMP runtime: the extension links ``libgomp.so.1`` and torch is imported
-first, so with torch's wheel (which ships its libgomp under that soname) both share one runtime
-and thread pool; with a torch that renames its libgomp the results are the same and a second
-thread pool exists (a performance matter only).
+(``FlopCounterMode``, ``make_fx``, fake tensors) see operator calls instead of hidden C calls
+(the backward calls its kernel directly on plain tensors, since the operator's dispatch cost a
+tenth of the call; subclasses such as fake tensors get the operator). Autograd is a
+:class:`torch.autograd.Function`: its backward is the backward kernel, which computes softmax's
+own formula ``y ⊙ (g − Σ g⊙y) / T`` in one pass per row (in place of torch's private
+``_softmax_backward_data``); with ``create_graph`` it is that formula in torch ops, so double
+backward works; its ``jvp`` serves forward-mode AD.
+
+Inputs the kernel must not see go to the torch path instead: a torch function mode or subclass
+(``torch.overrides.has_torch_function``), a tensor without plain memory (``data_ptr()`` fails for
+``torch.func``'s wrapped tensors and is 0 for a zero tensor), a negated view (``is_neg()``),
+``torch.compile`` and ``torch.jit.trace``. The one thing outside torch's API is the OpenMP
+runtime: the extension links ``libgomp.so.1`` and torch is imported first, so with torch's wheel
+(which ships its libgomp under that soname) both share one runtime and thread pool; with a torch
+that renames its libgomp the results are the same and a second thread pool exists (a
+performance matter only).
 
 Environment:
 
@@ -219,6 +223,9 @@ class _FusedSoftmax(torch.autograd.Function):
         (y,) = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: the formula, which autograd differentiates
             return _backward_formula(grad, y, ctx.temperature), None
+        if type(grad) in _PLAIN and not torch.overrides.has_torch_function((grad,)):
+            # plain tensors: the kernel directly (the operator's dispatch cost 10% of the call)
+            return _run_backward(grad, y, ctx.temperature), None
         return torch.ops.attnverify.softmax_fused_backward(grad, y, ctx.temperature), None
 
     @staticmethod
