@@ -254,7 +254,11 @@ def _exact_and_minimal(prop: Property, spec, ctx, case, exc):
         return case, exc, True
 
     def recheck(candidate):
-        return prop.recheck(spec, candidate, ctx)
+        isolation.example_started(candidate)  # shrinking runs under the same time limit
+        try:
+            return prop.recheck(spec, candidate, ctx)
+        finally:
+            isolation.example_finished()
 
     small, small_exc = shrink(recheck, case, exc, vary_temperature=ctx.temperature is None)
     if small_exc is not exc:
