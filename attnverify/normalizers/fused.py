@@ -16,12 +16,12 @@ Only public torch API. The forward and backward kernels are torch operators,
 ``torch.ops.attnverify.softmax_fused`` and ``softmax_fused_backward`` (defined with
 :mod:`torch.library`, with Meta implementations for fake tensors), so dispatch modes
 (``FlopCounterMode``, ``make_fx``, fake tensors) see operator calls instead of hidden C calls
-(the backward calls its kernel directly on plain tensors, since the operator's dispatch cost a
-tenth of the call; subclasses such as fake tensors get the operator). Autograd is a
-:class:`torch.autograd.Function`: its backward is the backward kernel, which computes softmax's
-own formula ``y ⊙ (g − Σ g⊙y) / T`` in one pass per row (in place of torch's private
-``_softmax_backward_data``); with ``create_graph`` it is that formula in torch ops, so double
-backward works; its ``jvp`` serves forward-mode AD.
+(the backward calls its kernel directly on plain tensors, where the operator's Python dispatch
+would be a measurable part of the call; subclasses such as fake tensors get the operator).
+Autograd is a :class:`torch.autograd.Function`: its backward is the backward kernel, which
+computes softmax's own formula ``y ⊙ (g − Σ g⊙y) / T`` in one pass per row (in place of torch's
+private ``_softmax_backward_data``); with ``create_graph`` it is that formula in torch ops, so
+double backward works; its ``jvp`` serves forward-mode AD.
 
 Inputs the kernel must not see go to the torch path instead: a torch function mode or subclass
 (``torch.overrides.has_torch_function``), a tensor without plain memory (``data_ptr()`` fails for
@@ -224,7 +224,7 @@ class _FusedSoftmax(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph: the formula, which autograd differentiates
             return _backward_formula(grad, y, ctx.temperature), None
         if type(grad) in _PLAIN and not torch.overrides.has_torch_function((grad,)):
-            # plain tensors: the kernel directly (the operator's dispatch cost 10% of the call)
+            # plain tensors: the kernel directly, without the operator's Python dispatch
             return _run_backward(grad, y, ctx.temperature), None
         return torch.ops.attnverify.softmax_fused_backward(grad, y, ctx.temperature), None
 
