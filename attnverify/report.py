@@ -38,7 +38,7 @@ def certificate(targets: Iterable[TargetResult], ctx: Context) -> dict[str, Any]
         "timeout_s": getattr(ctx, "timeout_s", None),
         "isolation": bool(getattr(ctx, "isolation", False)),
         "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
-        # which softmax the built-ins ran on (the fused CPU kernel or torch.softmax)
+        # whether softmax_fused ran its CPU kernel (or softmax's torch path), and which ISA
         "softmax_kernel": fused.status(),
         "targets": [t.to_json() for t in targets],
     }
@@ -154,7 +154,7 @@ def markdown(data: dict[str, Any]) -> str:
         "",
     ]
     if "softmax_kernel" in data:
-        lines += [f"Built-in softmax: {data['softmax_kernel']}.", ""]
+        lines += [f"softmax_fused kernel: {data['softmax_kernel']}.", ""]
     for target in data["targets"]:
         lines += [f"## `{target['target']}` — {target['verdict']}", ""]
         if target.get("reference"):

@@ -60,7 +60,7 @@ def test_certify_json_certificate(capsys, tmp_path):
     data = json.loads(path.read_text())
     assert data["schema_version"] == 1 and data["profile"] == "dev" and data["seed"] == 0
     assert data["device"] == "cpu" and data["torch_version"] and data["attnverify_version"]
-    assert data["softmax_kernel"].startswith("fused softmax: ")  # which softmax was certified
+    assert data["softmax_kernel"].startswith("fused softmax: ")  # softmax_fused's kernel: live?
     (target,) = data["targets"]
     assert target["target"] == "softmax" and target["verdict"] == "certified"
     assert target["claims"] == ["simplex", "shift_invariant"]
@@ -72,7 +72,7 @@ def test_certify_json_certificate(capsys, tmp_path):
         assert r["status"] in ("holds", "not_applicable")
     assert "verdict: softmax: CERTIFIED" in out
     assert md.read_text().startswith("# attnverify certificate")
-    assert f"Built-in softmax: {data['softmax_kernel']}." in md.read_text()
+    assert f"softmax_fused kernel: {data['softmax_kernel']}." in md.read_text()
 
 
 def test_certify_failure_is_exit_1_with_counterexample(capsys, tmp_path):
