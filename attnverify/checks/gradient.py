@@ -17,12 +17,14 @@ in float64, on short rows (masked keys included) at the case's temperature:
 **Kinks.** Sparsemax/entmax at a support boundary, exact ties at a ``max``/``min``, ReLU at 0 are
 points where the map is not differentiable, and a difference quotient across such a point is not a
 derivative. The step is ``h = 1e-5·min(T, max|z|)``; a row's difference is used only when the
-segment ``[z − hv, z + hv]`` is smooth: the set of exact-zero weights is the same at ``z − hv``,
-``z`` and ``z + hv``, and the one-sided quotients ``d± = ±⟨u, f(z ± hv) − f(z)⟩/h`` agree to
-``|d₊ − d₋| ≤ 1e-3·(|d₊| + |d₋|)`` plus rounding. Otherwise ``h`` shrinks by 100× (twice); a row
-still on a kink is skipped (not judged). A judged row may differ from the central difference by
-``1e-5`` of the derivatives' scale plus ``|d₊ − d₋|`` (the curvature left in the segment), so
-any error of more than a fraction of a percent in a derivative is caught.
+segment ``[z − hv, z + hv]`` is smooth: the set of exact-zero weights is the same at ``z ± hv``,
+``z ± hv/10`` and ``z``; the one-sided quotients ``d± = ±⟨u, f(z ± hv) − f(z)⟩/h`` agree to
+``|d₊ − d₋| ≤ 1e-3·(|d₊| + |d₋|)`` plus rounding; and the central quotient at ``h/10`` agrees with
+the one at ``h`` as closely (a jump, e.g. of the gradient at a tie, would grow it 10×; for
+``double_backward`` the weights must pass the one-sided test too). Otherwise ``h`` shrinks by
+100× (twice); a row still on a kink is skipped (not judged). A judged row may differ from the
+central difference by ``1e-5`` of the derivatives' scale plus ``|d₊ − d₋|`` (the curvature left
+in the segment), so any error of more than a fraction of a percent in a derivative is caught.
 """
 
 from __future__ import annotations
