@@ -271,11 +271,10 @@ def table_markdown(rows: list[ClaimRow]) -> str:
 
 def run_claims_command(args) -> int:
     from attnverify import __version__
-    from attnverify.report import check_writable, write_atomic, write_json
+    from attnverify.report import check_outputs, write_atomic, write_json
 
     ctx = make_context(args.profile, seed=args.seed)
-    check_writable(args.json_path)
-    check_writable(args.markdown_path)
+    check_outputs(json=args.json_path, markdown=args.markdown_path)  # also: not the same file
     rows = audit(ctx)
     table = table_markdown(rows)
     print(table)

@@ -89,7 +89,8 @@ def _certify_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", dest="markdown_path", default=None,
                    help="write a Markdown certificate")
     p.add_argument("--xfails", default=None,
-                   help="file of '<target>::<property>' substrings (# comments) expected to fail")
+                   help="file of TARGET::PROPERTY patterns (* ? [] allowed; # comments) expected "
+                   "to fail; an entry that matches nothing, or every id, is an error")
     p.add_argument("--quiet", action="store_true", help="print only the verdict lines")
     p.add_argument("--reference", default=None, metavar="REF",
                    help="compare every target with REF (a target string: built-in id, "

@@ -33,6 +33,7 @@ import pickle
 import signal
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +86,14 @@ def _send(message) -> None:
 # Parent side
 
 
+#: Imported once by the fork server, so that every worker starts with them loaded.
+PRELOAD = ["attnverify.isolation", "attnverify.certify", "attnverify.falsify", "attnverify.report",
+           "attnverify.normalizers", "attnverify.checks", "attnverify.strategies",
+           "attnverify.quantities",
+           # the gradient check's forward mode imports these on first use: seconds, once
+           "torch._dynamo", "torch._decomp.decompositions_for_jvp"]
+
+
 class WorkerFailed(Exception):
     """The worker died, hung or let a ``BaseException`` out; ``example`` is 1-based (0: none)."""
 
@@ -106,8 +115,7 @@ class Worker:
         from multiprocessing import sharedctypes
 
         mp = multiprocessing.get_context("forkserver")
-        mp.set_forkserver_preload(["attnverify.isolation", "attnverify.certify",
-                                   "attnverify.falsify"])
+        mp.set_forkserver_preload(PRELOAD)
         self.slot = sharedctypes.RawArray("d", 2)
         self.conn, child = mp.Pipe()
         self.proc = mp.Process(
@@ -115,7 +123,8 @@ class Worker:
             args=(child, self.slot, os.getcwd(), list(sys.path), dict(os.environ),
                   self.memory_limit),
         )
-        self.proc.start()
+        with _main_module_hidden():
+            self.proc.start()
         child.close()
 
     def call(self, kind: str, *args, on_message=None):
@@ -203,6 +212,25 @@ class Worker:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextmanager
+def _main_module_hidden():
+    """Keep multiprocessing from re-running the caller's ``__main__`` script in the worker (it
+    would, for a script path: a user's script without a ``__main__`` guard would run again)."""
+    main = sys.modules.get("__main__")
+    saved = {name: main.__dict__[name] for name in ("__file__", "__spec__")
+             if main is not None and name in main.__dict__}
+    try:
+        for name in saved:
+            if name == "__spec__":
+                main.__spec__ = None
+            else:
+                del main.__dict__[name]
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,8 +5,9 @@ an xfails file is ``TARGET::PROPERTY``, where each side is a name or a shell-sty
 (``*`` any run of characters, ``?`` one character, ``[abc]`` one of a set), matched against the
 whole side, case-sensitively: ``sparsemax::jacobian_spectral_half``, ``sparsemax::*``,
 ``*::thm1_fixed_distance``, ``entmax*::jacobian_*``. The target side matches the target as
-given or its attribute name (``my_softmax`` for ``path/norms.py:my_softmax``). A failing result whose id an entry matches
-is expected and does not fail the run, so CI can gate on regressions only.
+given or its attribute name (``my_softmax`` for ``path/norms.py:my_softmax``). A failing result
+whose id an entry matches is expected and does not fail the run, so CI can gate on regressions
+only.
 
 Entries are strict, because a loose one hides real failures: a line without ``::``, with an empty
 side, or with nothing but wildcards on both sides (``*::*``); an entry that matches no test id of
