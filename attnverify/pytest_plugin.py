@@ -66,6 +66,8 @@ _OPTIONS = [
      "(attnverify.xfails: strict; * ? [] allowed)"),
     ("reference", "ATTNVERIFY_REFERENCE", "compare every target with this normalizer (a target "
      "string), evaluated in float64: adds the claim matches_reference"),
+    ("attention", "ATTNVERIFY_ATTENTION", "attention kernel(s) with SDPA's signature, "
+     "comma-separated: built-in id, module:attr or file.py:attr (attnverify.attention.suite)"),
 ]
 
 
@@ -86,6 +88,13 @@ def pytest_configure(config):
         # A target given on the command line brings the suite with it, wherever pytest runs.
         if not _suite_in_args(config):
             config.args.append(str(SUITE))
+    if option(config, "attention"):  # the attention suite (attnverify/attention/suite.py)
+        from attnverify.attention.suite import SUITE as ATTENTION_SUITE
+        from attnverify.attention.suite import validate
+
+        validate(config)
+        if str(ATTENTION_SUITE) not in map(str, config.args):
+            config.args.append(str(ATTENTION_SUITE))
 
 
 def _validate(config, target: str) -> None:

@@ -220,3 +220,17 @@ def test_flex_attention_once():
     for prop_id in ("attn_reference", "attn_bool_mask"):
         res = run_property(ATTENTION_PROPERTIES[prop_id], lift(a), ctx)
         assert res.status == "holds", (prop_id, res.message)
+
+
+def test_pytest_plugin_runs_the_attention_suite(tmp_path):
+    out = tmp_path / "cert.json"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+           f"--attnverify-attention={FILE}:bottom_right_causal", "--attnverify-profile=dev",
+           "--attnverify-max-examples=3", f"--attnverify-json={out}", "-k",
+           "attn_causal or attn_bool_mask"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "bottom_right_causal::attn_causal" in proc.stdout and "1 failed" in proc.stdout
+    data = json.loads(out.read_text())
+    status = {r["property"]: r["status"] for r in data["targets"][0]["results"]}
+    assert status == {"attn_bool_mask": "holds", "attn_causal": "violated"}, status

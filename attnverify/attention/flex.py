@@ -28,6 +28,8 @@ MAX_HEAD_DIM = 128
 DIFFERENTIABLE = torch.cuda.is_available()
 #: Compiled graphs kept per function; every mask kind, dtype and GQA setting adds one.
 RECOMPILE_LIMIT = 64
+#: Folded (batch·heads) head counts are padded to these: torch compiles head counts in.
+HEADS, GQA_KV_HEADS = 16, 4
 
 
 def unavailable() -> str:
@@ -108,32 +110,73 @@ def _bias(attn_mask, is_causal, q, k, l_q: int, l_k: int) -> torch.Tensor:
 
 
 def head_dim_bucket(d: int) -> int:
-    """Head dimensions are padded with zeros to a power of two ≥ 16 (exact: zero products),
-    so that a few compiled graphs serve every d."""
-    return max(16, 1 << (max(d, 1) - 1).bit_length())
+    """Head dimensions are zero-padded to 64 or 128 (exact: zero products), so that two
+    compiled graphs per dtype serve every ``d``."""
+    return 64 if d <= 64 else max(128, 1 << (d - 1).bit_length())
 
 
-def _pad(t: torch.Tensor, length: int) -> torch.Tensor:
-    extra = length - t.shape[-1]
-    return torch.nn.functional.pad(t, (0, extra)) if extra > 0 else t
+def _pad(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    extra = length - t.shape[dim]
+    if extra <= 0:
+        return t
+    pad = [0, 0] * (t.dim() - 1 - (dim % t.dim())) + [0, extra]
+    return torch.nn.functional.pad(t, pad)
+
+
+def _head_bucket(n: int, fixed: int) -> int:
+    """Head counts are compiled in: pad to ``fixed`` (or the next power of two above it)."""
+    return fixed if n <= fixed else 1 << (n - 1).bit_length()
+
+
+def _fold(t: torch.Tensor) -> torch.Tensor:
+    """``[B, H, L, d] → [1, B·H, L, d]``: batch folded into heads (GQA's mapping is kept:
+    query head ``b·H + h`` reads key head ``b·H_kv + h // g``)."""
+    return t.reshape(1, -1, *t.shape[-2:])
+
+
+def _mark_dynamic(q, k, v, bias) -> None:
+    """Heads, queries and keys dynamic from the first compile (``maybe_``: no error where
+    torch specialises one anyway)."""
+    import torch._dynamo
+
+    for t, dims in ((q, (1, 2)), (k, (1, 2)), (v, (1, 2)), (bias, (1, 2, 3))):
+        for dim in dims:
+            torch._dynamo.maybe_mark_dynamic(t, dim)
 
 
 def flex(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, *, mod="",
          window=8, cap=20.0):
     """FlexAttention (compiled) with SDPA's signature and an optional named score mod.
 
-    Head dimensions are zero-padded to :func:`head_dim_bucket` (the scale stays ``1/√d`` of the
-    true ``d``), the output sliced back; sequence lengths are left as they are (dynamic)."""
-    d, d_v = q.shape[-1], v.shape[-1]
+    The call is brought to a canonical form that keeps the compiled graphs few (compiling one
+    costs seconds): batch folded into heads and padded to a fixed head count (compiled in), at
+    least 2 queries and keys (size 1 would be specialised), head dimensions zero-padded to 64
+    or 128, the mask as one bias, the head, query and key dimensions marked dynamic, the scale
+    applied to ``q`` beforehand (a float argument would be compiled in as a constant: one graph
+    per scale). Padded queries are sliced away and padded keys masked, so the result is the
+    kernel's on the true inputs; ALiBi slopes follow the true head index."""
+    b, heads, l_q, d = q.shape
+    l_k, d_v = k.shape[-2], v.shape[-1]
     width = head_dim_bucket(max(d, d_v))
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    bias = _bias(attn_mask, is_causal, q, k, q.shape[-2], k.shape[-2])
-    slopes = None
+    bias = _fold(_bias(attn_mask, is_causal, q, k, l_q, l_k))
+    qf, kf, vf = _fold(q), _fold(k), _fold(v)
+    group = heads // k.shape[1] if enable_gqa else 1
+    n_kv = _head_bucket(kf.shape[1], HEADS if group == 1 else GQA_KV_HEADS)
+    qf = _pad(_pad(_pad(qf, width, -1), max(2, l_q), -2), n_kv * group, 1)
+    kf = _pad(_pad(_pad(kf, width, -1), max(2, l_k), -2), n_kv, 1)
+    vf = _pad(_pad(_pad(vf, width, -1), max(2, l_k), -2), n_kv, 1)
+    bias = _pad(_pad(_pad(bias, max(2, l_q), -2), max(2, l_k), -1), n_kv * group, 1)
+    if l_k < 2:
+        bias[..., l_k:] = NEG_INF
+    slopes = torch.zeros(qf.shape[1], dtype=torch.float32, device=q.device)
     if mod == "alibi":
         from attnverify.attention.mods import alibi_slopes
 
-        slopes = alibi_slopes(q.shape[1], dtype=torch.float32, device=q.device)
-    qp, kp, vp = (_pad(t, width) for t in (q, k, v))
-    out = compiled()(qp, kp, vp, bias, slopes, scale, mod or "", int(window), float(cap),
-                     bool(enable_gqa))
-    return out[..., :d_v]
+        true = alibi_slopes(heads, dtype=torch.float32, device=q.device).repeat(b)
+        slopes[: true.numel()] = true
+    _mark_dynamic(qf, kf, vf, bias)
+    # the scale multiplies q here: a Python float argument would be compiled in as a constant
+    out = compiled()(qf * scale, kf, vf, bias, slopes, 1.0, mod or "", int(window), float(cap),
+                     group > 1)
+    return out[:, : b * heads, :l_q, :d_v].reshape(b, heads, l_q, d_v)

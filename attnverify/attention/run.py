@@ -80,33 +80,50 @@ def _skip_reason(a: AttentionSpec, prop_id: str) -> str:
 def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=None, *,
                       label: str | None = None, progress=None):
     """Every normalizer property of the lifted kernel and every attention property."""
-    from attnverify.certify import PropertyResult, TargetResult, make_context, run_property
-    from attnverify.checks import PROPERTIES, properties_for
+    from attnverify.certify import TargetResult, make_context
+    from attnverify.checks import properties_for
 
     ctx = ctx or make_context()
     chosen = resolve_claims(a, claims)
-    spec = lift(a).with_claims([c for c in chosen if c in PROPERTIES])
-    if a.reference and not a.reference.count(":") and _is_normalizer(a.reference):
-        spec = spec.with_reference(a.reference)  # the lifted weights vs that normalizer's
+    spec = _lifted(a, chosen)
     result = TargetResult(target=label or a.target or a.id,
                           claims=list(dict.fromkeys([*chosen, *spec.claims])),
                           params=dict(a.params))
     lifted_ctx = lifted_context(a, ctx)
-    plan = [(p, lifted_ctx) for p in properties_for(spec.claims, lifted_ctx)]
-    plan += [(p, ctx) for p in ATTENTION_PROPERTIES.values() if p.universal or p.id in chosen]
-    for prop, pctx in plan:
-        reason = a.unavailable or _skip_reason(a, prop.id) * (prop.id in PROPERTIES)
-        start = time.perf_counter()
-        if reason:
-            res = PropertyResult(prop.id, True, "not_applicable", message=reason)
-        else:
-            res = run_property(prop, spec, pctx, claimed=True)
-            res.elapsed_s = time.perf_counter() - start
-            _attention_counterexample(res, a, pctx)
+    plan = [(p.id, lifted_ctx) for p in properties_for(spec.claims, lifted_ctx)]
+    plan += [(p.id, ctx) for p in ATTENTION_PROPERTIES.values() if p.universal or p.id in chosen]
+    for prop_id, pctx in plan:
+        res = run_one(a, chosen, prop_id, pctx)
         result.results.append(res)
         if progress is not None:
             progress(result.target, res)
     return result
+
+
+def _lifted(a: AttentionSpec, chosen: list[str]):
+    from attnverify.checks import PROPERTIES
+
+    spec = lift(a).with_claims([c for c in chosen if c in PROPERTIES])
+    if a.reference and ":" not in a.reference and _is_normalizer(a.reference):
+        spec = spec.with_reference(a.reference)  # the lifted weights vs that normalizer's
+    return spec
+
+
+def run_one(a: AttentionSpec, chosen: list[str], prop_id: str, ctx):
+    """One property (a normalizer id runs on the lifted kernel, ``ctx`` already
+    :func:`lifted_context`), or ``not_applicable`` with the reason."""
+    from attnverify.certify import PropertyResult, run_property
+    from attnverify.checks import PROPERTIES
+
+    prop = PROPERTIES.get(prop_id) or ATTENTION_PROPERTIES[prop_id]
+    reason = a.unavailable or (_skip_reason(a, prop_id) if prop_id in PROPERTIES else "")
+    if reason:
+        return PropertyResult(prop_id, True, "not_applicable", message=reason)
+    start = time.perf_counter()
+    res = run_property(prop, _lifted(a, chosen), ctx, claimed=True)
+    res.elapsed_s = time.perf_counter() - start
+    _attention_counterexample(res, a, ctx)
+    return res
 
 
 def _attention_counterexample(res, a: AttentionSpec, ctx) -> None:

@@ -1,0 +1,121 @@
+"""The attention suite as pytest tests: one test per (kernel, property), id ``kernel::property``.
+
+    pytest --attnverify-attention=my_attention.py:my_attention [--attnverify-json cert.json]
+
+The pytest plugin brings this module in when ``--attnverify-attention`` (env
+``ATTNVERIFY_ATTENTION``) is given; every property runs exactly as ``certify --attention`` runs
+it (same seed, same verdicts). ``--attnverify-json`` / ``--attnverify-markdown`` are written at
+the end of the module when no normalizer target is given (serial runs; under pytest-xdist use
+``attnverify certify --attention``).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from attnverify.errors import UsageError
+
+#: This module's file, as the plugin hands it to pytest.
+SUITE = Path(__file__)
+_RESULTS: list = []
+
+
+def validate(config) -> None:
+    """Bad kernels, parameters or claims stop pytest with a one-line usage error."""
+    try:
+        plan(_key(config))
+    except UsageError as exc:
+        raise pytest.UsageError(f"attnverify: {exc}") from None
+
+
+def _option(config, name: str):
+    return config.getoption(f"--attnverify-{name}")
+
+
+def _key(config) -> tuple:
+    return tuple(_option(config, n) for n in ("attention", "claims", "params", "profile", "seed",
+                                               "max-examples", "dtypes", "device", "reference"))
+
+
+@cache
+def plan(key: tuple):
+    """``(ctx, [(target, AttentionSpec, claims, property id, context)])`` for the options."""
+    import dataclasses
+
+    from attnverify.attention.command import split
+    from attnverify.attention.loader import load_attention
+    from attnverify.attention.properties import ATTENTION_PROPERTIES
+    from attnverify.attention.run import lifted_context, resolve_claims
+    from attnverify.certify import make_context
+    from attnverify.checks import properties_for
+    from attnverify.registry import parse_params
+
+    targets, claims, params, profile, seed, max_examples, dtypes, device, reference = key
+    ctx = make_context(profile, dtypes=dtypes, device=device or "cpu",
+                       max_examples=int(max_examples) if max_examples else None,
+                       seed=int(seed or 0))
+    chosen = None if claims is None else split(claims)
+    out = []
+    for name in split(targets):
+        a = load_attention(name, parse_params(params))
+        if reference:
+            a = dataclasses.replace(a, reference=reference)
+        wanted = resolve_claims(a, chosen)
+        lifted = [c for c in wanted if c not in ATTENTION_PROPERTIES]
+        lctx = lifted_context(a, ctx)
+        for prop in properties_for(lifted, lctx):
+            out.append((name, a, wanted, prop.id, lctx))
+        for prop in ATTENTION_PROPERTIES.values():
+            if prop.universal or prop.id in wanted:
+                out.append((name, a, wanted, prop.id, ctx))
+    return ctx, out
+
+
+def pytest_generate_tests(metafunc):
+    if "attnverify_attention_case" not in metafunc.fixturenames:
+        return
+    try:
+        _, cases = plan(_key(metafunc.config))
+    except UsageError as exc:
+        raise pytest.UsageError(f"attnverify: {exc}") from None
+    metafunc.parametrize("attnverify_attention_case", [
+        pytest.param(c, id=f"{c[0]}::{c[3]}") for c in cases])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _certificate(request):
+    yield
+    config = request.config
+    paths = {n: _option(config, n) for n in ("json", "markdown")}
+    if not _RESULTS or _option(config, "target") or not any(paths.values()):
+        return
+    from attnverify import report
+    from attnverify.certify import TargetResult
+
+    ctx, _ = plan(_key(config))
+    targets: dict[str, TargetResult] = {}
+    for name, claims, res in _RESULTS:
+        targets.setdefault(name, TargetResult(name, list(claims))).results.append(res)
+    data = report.certificate(list(targets.values()), ctx)
+    if paths["json"]:
+        report.write_json(paths["json"], data)
+    if paths["markdown"]:
+        report.write_atomic(paths["markdown"], report.markdown(data))
+
+
+def test_attention_property(attnverify_attention_case):
+    """One property of one attention kernel, as ``certify --attention`` runs it."""
+    from attnverify.attention.run import run_one
+
+    name, a, claims, prop_id, ctx = attnverify_attention_case
+    res = run_one(a, claims, prop_id, ctx)
+    _RESULTS.append((name, claims, res))
+    if res.status == "not_applicable":
+        pytest.skip(f"{prop_id} not applicable to {name}: {res.message}")
+    if res.status != "holds":
+        repro = (res.counterexample or {}).get("repro", "")
+        pytest.fail(f"{name}::{prop_id} {res.status}: {res.message}"
+                    + (f"\nrepro: {repro}" if repro else ""), pytrace=False)
