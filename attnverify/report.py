@@ -135,6 +135,8 @@ def _violation_lines(r: dict[str, Any]) -> list[str]:
         if "scores" in ce:
             out.append(f"    minimal counterexample: {counterexample_text(ce)}")
         extras = {k: ce[k] for k in ("a", "eps", "kind", "seed") if k in ce}
+        if "scores" not in ce and ce.get("temperature") is not None:
+            extras["temperature"] = ce["temperature"]
         if extras:
             out.append(f"    case: {extras}")
         if ce.get("reproduces") is False:

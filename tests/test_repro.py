@@ -186,3 +186,24 @@ def test_a_reference_mismatch_reproduces_with_its_reference(capsys):
     assert "--reference" in line and r["counterexample"]["scores"] == [[0.0]]
     code, out = run_line(capsys, line)
     assert code == 1 and "differ from the reference" in out
+
+
+def test_shrink_keeps_the_mask_the_failure_needs_and_simplifies_the_rest():
+    from attnverify.checks.base import Violation
+    from attnverify.checks.shrink import shrink
+
+    def fails_with_a_masked_key_beside_a_live_one(case):
+        z = case.scores
+        if bool(((z == -math.inf).any(-1) & torch.isfinite(z).any(-1)).any()):
+            raise Violation("masked key beside a live one", observed=1, bound=0, ratio=math.inf)
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(3, 9, generator=g) * 7
+    z[1, 4] = -math.inf
+    case = RowCase(z, 0.3, "masked", 0)
+    with pytest.raises(Violation) as first:
+        fails_with_a_masked_key_beside_a_live_one(case)
+    small, exc = shrink(fails_with_a_masked_key_beside_a_live_one, case, first.value)
+    assert sorted(small.scores.flatten().tolist()) == [-math.inf, 0.0]
+    assert small.scores.shape == (1, 2) and small.temperature == 1.0
+    assert isinstance(exc, Violation)
