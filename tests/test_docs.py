@@ -155,3 +155,12 @@ def test_falsify_limits_in_the_contract_match_the_parser():
     text = " ".join(_read("INTERFACES.md").split())
     assert f"longer than {expr.MAX_LENGTH} characters" in text
     assert f"nested deeper than {expr.MAX_DEPTH} levels" in text
+
+
+def test_every_plugin_option_and_its_variable_are_documented():
+    from attnverify import pytest_plugin
+
+    text = _read("INTERFACES.md")
+    missing = [f"--attnverify-{name} ({env})" for name, env, _help in pytest_plugin._OPTIONS
+               if f"`--attnverify-{name}`" not in text or f"`{env}`" not in text]
+    assert not missing, f"pytest plugin options missing from docs/INTERFACES.md: {missing}"
