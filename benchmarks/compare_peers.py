@@ -5,13 +5,15 @@
 
 For each pair (softmax / torch.softmax, softmax_fused / torch.softmax, sparsemax /
 entmax.sparsemax, entmax15 / entmax.entmax15, entmax_alpha / entmax.entmax_bisect at each α of
-``--alpha``) and each direction, ours and theirs are timed interleaved (ours, theirs, theirs, ours, …) so that load from other
-processes falls on both alike. Each row gives the median time per call with its interquartile
-range, and the ratio ours / theirs as the median of the per-repetition ratios with their IQR.
+``--alpha``) and each direction, ours and theirs are timed interleaved (ours, theirs, theirs,
+ours, …) so that load from other processes falls on both alike. Each row gives the median time
+per call with its interquartile range, and the ratio ours / theirs as the median of the
+per-repetition ratios with their IQR.
 
 ``softmax_fused`` (the fused CPU kernel) and ``softmax`` (on ``torch.softmax``) forward are also
-compared with a same-size ``copy_`` (the bandwidth proxy), and α-entmax "at equal accuracy": the largest absolute error of each against a float64 bisection
-with 200 iterations. ``--bandwidth`` adds every normalizer's fraction of copy bandwidth.
+compared with a same-size ``copy_`` (the bandwidth proxy), and α-entmax "at equal accuracy": the
+largest absolute error of each against a float64 bisection with 200 iterations. ``--bandwidth``
+adds every normalizer's fraction of copy bandwidth.
 Exit status 0 whatever the numbers; the verdict column says whether each target is met.
 """
 
