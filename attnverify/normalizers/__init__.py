@@ -1,4 +1,6 @@
-"""The twelve built-in normalizers (docs/NORMALIZERS.md), each as a :class:`NormalizerSpec`."""
+"""The built-in targets, each as a :class:`NormalizerSpec`: the twelve normalizers of
+docs/NORMALIZERS.md, then ``softmax_fused`` (attnverify's fused CPU softmax kernel, a target
+certified against ``softmax``)."""
 
 from __future__ import annotations
 
