@@ -207,3 +207,12 @@ def test_shrink_keeps_the_mask_the_failure_needs_and_simplifies_the_rest():
     assert sorted(small.scores.flatten().tolist()) == [-math.inf, 0.0]
     assert small.scores.shape == (1, 2) and small.temperature == 1.0
     assert isinstance(exc, Violation)
+
+
+def test_a_case_file_reproduces_like_the_inline_case(capsys, tmp_path):
+    ce = failing("nan_on_mask_softmax", "mask_zero")["counterexample"]
+    inline = shlex.split(ce["repro"])
+    path = tmp_path / "case.json"
+    path.write_text(inline[-1])
+    code = cli.main([*inline[1:-1], str(path)])
+    assert code == 1 and "a masked key got weight nan" in capsys.readouterr().out
