@@ -11,8 +11,9 @@ bfloat16 and float32 value is a float64, and ``repr`` round-trips). Larger: ``{"
 :func:`encode_tensor` / :func:`decode_tensor`.
 
 **Cases.** A case (a named tuple of :mod:`attnverify.checks.cases`) is a JSON object with its
-fields, ``"case"`` (the type name), ``"dtype"`` and ``"shape"`` of the scores, and ``"params"``
-(the normalizer's parameters): :func:`encode_case` / :func:`decode_case`.
+fields, ``"case"`` (the type name), ``"dtype"`` and ``"shape"`` of the scores, ``"device"`` when
+not the CPU, and ``"params"`` (the normalizer's parameters): :func:`encode_case` /
+:func:`decode_case`.
 
 **Repro.** :func:`repro_command` is the single builder of the one-line repro printed by certify,
 falsify, claims, the report and the pytest suite: ``attnverify repro TARGET --property ID --case
@@ -153,6 +154,8 @@ def encode_case(case: Any, params: dict[str, Any] | None = None) -> dict[str, An
             if name == "scores":
                 out["dtype"] = dtype_name(value.dtype)
                 out["shape"] = list(value.shape)
+                if value.device.type != "cpu":
+                    out["device"] = str(value.device)
             elif value.dtype != torch.float64 and isinstance(out[name], list):
                 out[name] = encode_tensor(value, as_list=False)
         else:
@@ -167,12 +170,25 @@ def decode_case(data: dict[str, Any], types: dict[str, type]) -> Any:
         known = ", ".join(types)
         raise UsageError(f"the case must be a JSON object with \"case\" one of {known}")
     cls = types[data["case"]]
+    device = _device(data.get("device", "cpu"))
     values = {}
     for name in cls._fields:
         if name not in data:
             raise UsageError(f"the {cls.__name__} case has no field {name!r}")
-        values[name] = _decode_field(name, data[name], data)
+        value = _decode_field(name, data[name], data)
+        values[name] = value.to(device) if isinstance(value, torch.Tensor) else value
     return cls(**values)
+
+
+def _device(name: Any) -> torch.device:
+    """The case's device (``"device"``, default cpu); one this machine lacks is a usage error."""
+    try:
+        device = torch.device(str(name))
+    except RuntimeError:
+        raise UsageError(f"unknown device {name!r} in the case") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"the case ran on {name}, but torch sees no CUDA device here")
+    return device
 
 
 def _decode_field(name: str, value: Any, data: dict[str, Any]) -> Any:
