@@ -70,6 +70,8 @@ def test_double_backward_claim():
 
 def test_no_autograd_graph_is_not_applicable():
     assert status("numpy_softmax", "gradient") == "not_applicable"
+    res = run_property(PROPERTIES["gradient"], planted("float32_only_softmax"), CTX)
+    assert res.status == "not_applicable" and "float64" in res.message
 
 
 def test_every_builtin_gradient_holds_on_kinks():

@@ -69,16 +69,26 @@ def gradient_battery(spec, ctx):
 
 
 def differentiable(spec, ctx) -> str | None:
-    """Applies unless the output carries no autograd graph (a NumPy kernel, say)."""
-    z = torch.tensor([[0.3, -1.2, 0.8, 2.0]], dtype=F64, requires_grad=True)
-    try:
-        with torch.enable_grad():
-            out = call(spec, z, 1.0 if spec.takes_temperature else None)
-    except Exception:  # noqa: BLE001 - the check itself reports the normalizer's error
-        return None
+    """Applies unless the output carries no autograd graph (a NumPy kernel, say), or the
+    normalizer takes float32 but not float64 scores (the derivatives are checked in float64)."""
+    out = _probe(spec, F64)
+    if isinstance(out, Exception):
+        if isinstance(_probe(spec, torch.float32), Tensor):
+            return f"the normalizer raises on float64 scores ({out}); derivatives are checked " \
+                   "in float64"
+        return None  # it raises on everything: the check reports the error
     if not isinstance(out, Tensor) or not out.requires_grad:
         return "the output carries no autograd graph (not differentiable)"
     return None
+
+
+def _probe(spec, dtype):
+    z = torch.tensor([[0.3, -1.2, 0.8, 2.0]], dtype=dtype, requires_grad=True)
+    try:
+        with torch.enable_grad():
+            return call(spec, z, 1.0 if spec.takes_temperature else None)
+    except Exception as exc:  # noqa: BLE001 - reported by the caller
+        return exc
 
 
 # --------------------------------------------------------------------------------------------
