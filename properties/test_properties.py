@@ -24,7 +24,7 @@ def _load(config_key: tuple):
     from attnverify.certify import make_context, resolve_claims
     from attnverify.registry import builtin_ids, load_target, parse_params
 
-    target, claims, params, profile, seed, max_examples, dtypes, device = config_key
+    target, claims, params, profile, seed, max_examples, dtypes, device, reference = config_key
     ctx = make_context(profile, dtypes=dtypes, device=device or "cpu",
                        max_examples=int(max_examples) if max_examples else None,
                        seed=int(seed or 0))
@@ -32,12 +32,15 @@ def _load(config_key: tuple):
 
     # --attnverify-params temperature=… fixes T for every property and bound (validated)
     ctx = fix_temperature(ctx, parse_params(params), option="--attnverify-params")
+    from attnverify.certify import fix_reference, with_reference
+
+    ctx = fix_reference(ctx, reference)  # --attnverify-reference REF, for every target
     names = [t.strip() for t in target.split(",")] if target else builtin_ids()
     chosen = None if claims is None else [c.strip() for c in claims.split(",") if c.strip()]
     cases = []
     for name in names:
-        spec = load_target(name, parse_params(params))
-        spec = spec.with_claims(resolve_claims(spec, chosen))
+        spec, wanted = with_reference(load_target(name, parse_params(params)), chosen, ctx)
+        spec = spec.with_claims(resolve_claims(spec, wanted))
         for prop in properties_for(spec.claims, ctx):
             cases.append((name, spec, prop.id))
     return ctx, cases
@@ -45,7 +48,7 @@ def _load(config_key: tuple):
 
 def _key(config) -> tuple:
     return tuple(option(config, n) for n in ("target", "claims", "params", "profile", "seed",
-                                               "max_examples", "dtypes", "device"))
+                                               "max_examples", "dtypes", "device", "reference"))
 
 
 def _xfails(config) -> list[str]:
@@ -85,8 +88,10 @@ def test_property(attnverify_case, request):
     target, spec, prop_id = attnverify_case
     ctx, _ = _load(_key(request.config))
     res = run_property(PROPERTIES[prop_id], spec, ctx)
+    from attnverify.checks.reference import reference_label
+
     record = {"target": target, "claims": list(spec.claims), "params": dict(spec.params),
-              "result": res.to_json()}
+              "reference": reference_label(spec), "result": res.to_json()}
     from attnverify.certify import jsonable
 
     request.node.user_properties.append((RESULT_KEY, json.dumps(jsonable(record))))
@@ -111,7 +116,8 @@ def certificate_from_records(config, records: list[dict]) -> dict:
     ctx, _ = _load(_key(config))
     targets: dict[str, TargetResult] = {}
     for rec in records:
-        t = targets.setdefault(rec["target"], TargetResult(rec["target"], [], [], rec["params"]))
+        t = targets.setdefault(rec["target"], TargetResult(rec["target"], [], [], rec["params"],
+                                                           reference=rec.get("reference")))
         r = rec["result"]
         t.results.append(PropertyResult(**r))
     order = list(PROPERTIES)
@@ -119,3 +125,4 @@ def certificate_from_records(config, records: list[dict]) -> dict:
         t.results.sort(key=lambda r: order.index(r.property))
         t.claims = [r.property for r in t.results if not PROPERTIES[r.property].universal]
     return certificate(list(targets.values()), ctx)
+
