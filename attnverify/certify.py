@@ -19,7 +19,7 @@ import hypothesis
 import torch
 from hypothesis import given
 
-from attnverify import isolation
+from attnverify import heartbeat
 from attnverify.checks import PROPERTIES, Property, Violation, properties_for
 from attnverify.checks.base import Context, NormalizerError, positive_temperature
 from attnverify.checks.shrink import shrink
@@ -157,7 +157,7 @@ def certify_target(
     for prop in props:
         if prop.id in skip:
             continue
-        isolation.property_started(prop.id)  # tells a watching parent (no-op in-process)
+        heartbeat.property_started(prop.id)  # tells a watching parent (no-op in-process)
         result.results.append(run_property(prop, spec, ctx, claimed=True))
         if progress is not None:
             progress(result.target, result.results[-1])
@@ -217,14 +217,14 @@ def run_property(
 def _evaluate(prop: Property, spec, ctx, state: _State, case) -> float:
     state.examples += 1
     state.last = case
-    isolation.example_started(case)  # the watchdog's clock (no-op outside a worker)
+    heartbeat.example_started(case)  # the watchdog's clock (no-op outside a worker)
     try:
         ratio = float(prop.check(spec, case, ctx))
     except Exception as exc:
         exc.attnverify_case = case  # the failing case, whatever Hypothesis runs after it
         raise
     finally:
-        isolation.example_finished()
+        heartbeat.example_finished()
     if math.isfinite(ratio):
         state.worst = max(state.worst, ratio)
     return ratio
@@ -254,11 +254,11 @@ def _exact_and_minimal(prop: Property, spec, ctx, case, exc):
         return case, exc, True
 
     def recheck(candidate):
-        isolation.example_started(candidate)  # shrinking runs under the same time limit
+        heartbeat.example_started(candidate)  # shrinking runs under the same time limit
         try:
             return prop.recheck(spec, candidate, ctx)
         finally:
-            isolation.example_finished()
+            heartbeat.example_finished()
 
     small, small_exc = shrink(recheck, case, exc, vary_temperature=ctx.temperature is None)
     if small_exc is not exc:

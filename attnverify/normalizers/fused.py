@@ -35,8 +35,10 @@ performance matter only).
 Environment:
 
 - ``ATTNVERIFY_FUSED=0`` turns the kernel off (``softmax_fused`` then runs the torch path);
-- ``ATTNVERIFY_FUSED_ISA=scalar|avx2|avx512`` forces an instruction set (tests use it to cover
-  every path on one machine); asking for one the CPU lacks is an error at first use.
+- ``ATTNVERIFY_FUSED_ISA=scalar|avx2|avx512`` forces the forward kernel's instruction set (tests
+  use it to cover every path on one machine); asking for one the CPU lacks is an error at first
+  use. The backward kernel is plain C compiled once per instruction set (GCC's
+  ``target_clones``), and the loader picks the best the CPU has.
 
 Both are parsed by :mod:`attnverify.settings` (read once; ``settings.reload()`` rereads them);
 the command line rejects bad values up front.
