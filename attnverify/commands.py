@@ -194,8 +194,9 @@ def _falsify_args(p: argparse.ArgumentParser) -> None:
 
 def _run_falsify(args) -> int:
     from attnverify.falsify import run_falsify_command
+    from attnverify.isolation import falsify_in_worker
 
-    return run_falsify_command(args)
+    return run_falsify_command(args, isolated=falsify_in_worker)
 
 
 # --------------------------------------------------------------------------------------------

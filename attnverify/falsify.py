@@ -29,7 +29,7 @@ import torch
 from hypothesis import Phase, given
 from hypothesis import strategies as st
 
-from attnverify import isolation
+from attnverify import heartbeat
 from attnverify import strategies as S
 from attnverify.checks.base import Context
 from attnverify.errors import UsageError
@@ -139,11 +139,11 @@ def explicit_cases(spec: NormalizerSpec, ctx: Context | None = None) -> list[Fal
 
 
 def evaluate(spec, ineq: Inequality, case: FalsifyCase, params) -> Evaluation:
-    isolation.example_started(case)  # the watchdog's clock (no-op outside a worker)
+    heartbeat.example_started(case)  # the watchdog's clock (no-op outside a worker)
     try:
         values = evaluate_quantities(ineq.names, spec, case.scores, case.temperature, params)
     finally:
-        isolation.example_finished()
+        heartbeat.example_finished()
     lhs, rhs = ineq.evaluate(values)
     ratio = float(ineq.ratio(values))
     t = tol_for(F64)
@@ -328,7 +328,10 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
     return "\n".join(lines)
 
 
-def run_falsify_command(args) -> int:
+def run_falsify_command(args, isolated=None) -> int:
+    """The ``falsify`` command. ``isolated(target, params, text, ctx)`` runs the search in a
+    worker process (:func:`attnverify.isolation.falsify_in_worker`; the command line passes it)
+    and returns the result, or ``(message, case)`` when the code under test stopped it."""
     from attnverify.certify import make_context
     from attnverify.registry import load_target, parse_params
     from attnverify.report import check_writable, write_json
@@ -341,11 +344,8 @@ def run_falsify_command(args) -> int:
 
     ctx = fix_temperature(ctx, params)  # a bad temperature is exit 2, before any work
     parse_inequality(args.inequality, QUANTITIES)  # a usage error before any work
-    if ctx.isolation:  # the target is loaded and searched in a worker (attnverify.isolation)
-        from attnverify.isolation import Worker, falsify_isolated
-
-        with Worker(ctx.timeout_s, memory_limit=ctx.device == "cpu") as worker:
-            res = falsify_isolated(worker, args.target, params, args.inequality, ctx)
+    if ctx.isolation and isolated is not None:  # loaded and searched in a worker process
+        res = isolated(args.target, params, args.inequality, ctx)
         if isinstance(res, tuple):
             print(_stopped(*res))
             return 1

@@ -4,9 +4,8 @@ instead of ending, hanging or corrupting the run.
 ``certify`` and ``falsify`` load and run their targets in one worker process (``forkserver``
 start method: the server imports torch once and every worker is a cheap fork of it; the parent
 never imports a user's target). The worker streams each finished property back. It marks the
-start and end of every example in a small shared array (:func:`example_started`), and before
-every property it names the property (:func:`property_started`), so the parent always knows what
-was running. When the worker
+start and end of every example in a small shared array, and before every property it names the
+property (:mod:`attnverify.heartbeat`), so the parent always knows what was running. When the worker
 
 - exits (``sys.exit``/``os._exit`` at import or in a call), crashes (a segfault in a C or Triton
   kernel), or is killed (out of memory),
@@ -37,59 +36,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Worker side: [monotonic time of the last sign of progress (an example started or finished, a
-#: property started; 0 between jobs), examples of the running property so far].
-_SLOT = None
-_CONN = None
-#: Replay: stop just before this example (1-based) of the running property.
-_STOP_AT = 0
-
-
-class _Reached(BaseException):
-    """Raised in a replay just before the example that failed; carries its case."""
-
-    def __init__(self, case):
-        super().__init__("replayed up to the failing example")
-        self.case = case
-
-
-def example_started(case: Any) -> None:
-    """Called by the checks before every call of the code under test (no-op outside a worker)."""
-    slot = _SLOT
-    if slot is None:
-        return
-    n = slot[1] + 1
-    slot[1] = n
-    if _STOP_AT and n >= _STOP_AT:
-        raise _Reached(case)
-    slot[0] = time.monotonic()
-
-
-def example_finished() -> None:
-    if _SLOT is not None:
-        _SLOT[0] = time.monotonic()
-
-
-def property_started(prop_id: str) -> None:
-    """Called by certify before every property: the parent learns what is running."""
-    if _SLOT is None:
-        return
-    _SLOT[0], _SLOT[1] = time.monotonic(), 0
-    _send(("start", prop_id))
-
-
-def _send(message) -> None:
-    _CONN.send_bytes(pickle.dumps(message))
-
+from attnverify import heartbeat
 
 # --------------------------------------------------------------------------------------------
 # Parent side
 
 
 #: Imported once by the fork server, so that every worker starts with them loaded.
-PRELOAD = ["attnverify.isolation", "attnverify.certify", "attnverify.falsify", "attnverify.report",
-           "attnverify.normalizers", "attnverify.checks", "attnverify.strategies",
-           "attnverify.quantities",
+PRELOAD = ["attnverify.isolation", "attnverify.heartbeat", "attnverify.certify",
+           "attnverify.falsify", "attnverify.report", "attnverify.normalizers", "attnverify.checks",
+           "attnverify.strategies", "attnverify.quantities",
            # the gradient check's forward mode imports these on first use: seconds, once
            "torch._dynamo", "torch._decomp.decompositions_for_jvp"]
 
@@ -238,7 +194,6 @@ def _main_module_hidden():
 
 
 def _worker_main(conn, slot, cwd, path, environ, memory_limit) -> None:
-    global _SLOT, _CONN, _STOP_AT
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     os.environ.clear()
     os.environ.update(environ)
@@ -249,7 +204,7 @@ def _worker_main(conn, slot, cwd, path, environ, memory_limit) -> None:
     settings.reload()
     if memory_limit:
         _limit_memory()
-    _SLOT, _CONN = slot, conn
+    heartbeat.SLOT, heartbeat.CONN = slot, conn
     while True:
         try:
             job = pickle.loads(conn.recv_bytes())
@@ -258,11 +213,11 @@ def _worker_main(conn, slot, cwd, path, environ, memory_limit) -> None:
         if job is None:
             return
         kind, args = job
-        _STOP_AT = 0
+        heartbeat.STOP_AT = 0
         slot[0] = time.monotonic()
         try:
             reply = ("done", _JOBS[kind](*args))
-        except _Reached as hit:
+        except heartbeat.Reached as hit:
             reply = ("reached", hit.case)
         except BaseException as exc:  # noqa: BLE001 - whatever the code under test raised
             from attnverify.errors import UsageError
@@ -312,11 +267,11 @@ def _spec(target: str, params: dict):
 
     key = (target, repr(sorted(params.items())))
     if key not in _SPECS:
-        example_started(None)  # the time limit covers the import of the target
+        heartbeat.example_started(None)  # the time limit covers the import of the target
         try:
             _SPECS[key] = load_target(target, params)
         finally:
-            example_finished()
+            heartbeat.example_finished()
     return _SPECS[key]
 
 
@@ -333,19 +288,18 @@ def _job_certify(target: str, params: dict, claims, ctx, label: str, skip) -> No
     from attnverify.certify import certify_target
 
     certify_target(_spec(target, params), claims, ctx, label=label, skip=set(skip),
-                   progress=lambda _target, result: _send(("result", result)))
+                   progress=lambda _target, result: heartbeat.send(("result", result)))
 
 
 def _job_certify_case(target: str, params: dict, claims, ctx, prop_id: str, example: int):
     """Replay one property up to ``example`` and describe that example's case."""
-    global _STOP_AT
     from attnverify import certify
 
     spec, props = certify.plan(_spec(target, params), claims, ctx)
-    _STOP_AT = example
+    heartbeat.STOP_AT = example
     try:
         certify.certify_target(spec, claims, ctx, skip={p.id for p in props if p.id != prop_id})
-    except _Reached as hit:
+    except heartbeat.Reached as hit:
         if hit.case is None:
             return {}
         out = certify.describe_case(hit.case, spec)
@@ -357,25 +311,24 @@ def _job_certify_case(target: str, params: dict, claims, ctx, prop_id: str, exam
             pass
         return out
     finally:
-        _STOP_AT = 0
+        heartbeat.STOP_AT = 0
     return None
 
 
 def _job_falsify(target: str, params: dict, text: str, ctx, label: str, stop_at: int = 0):
-    global _STOP_AT
     from attnverify.falsify import falsify
 
     spec = _spec(target, params)
-    _SLOT[1] = 0  # count the search's cases only, loaded or not
-    _STOP_AT = stop_at
+    heartbeat.SLOT[1] = 0  # count the search's cases only, loaded or not
+    heartbeat.STOP_AT = stop_at
     try:
         res = falsify(spec, text, ctx, label=label, params=dict(params))
-    except _Reached as hit:
+    except heartbeat.Reached as hit:
         case = hit.case
         return {"L": int(case.scores.shape[-1]), "scores": case.scores.tolist(),
                 "temperature": case.temperature, "kind": case.kind}
     finally:
-        _STOP_AT = 0
+        heartbeat.STOP_AT = 0
     res.params = dict(params)
     return res
 
@@ -507,6 +460,12 @@ def falsify_isolated(worker: Worker, target: str, params: dict, text: str, ctx):
             except WorkerFailed:
                 case = None
         return f"the normalizer {exc.reason}{where}", case if isinstance(case, dict) else None
+
+
+def falsify_in_worker(target: str, params: dict, text: str, ctx):
+    """:func:`falsify_isolated` in a worker of its own (``ctx``'s time limit)."""
+    with Worker(ctx.timeout_s, memory_limit=ctx.device == "cpu") as worker:
+        return falsify_isolated(worker, target, params, text, ctx)
 
 
 def certify_all(targets: list[str], params: dict, claims, ctx, *, progress=None,
