@@ -234,3 +234,25 @@ def test_pytest_plugin_runs_the_attention_suite(tmp_path):
     data = json.loads(out.read_text())
     status = {r["property"]: r["status"] for r in data["targets"][0]["results"]}
     assert status == {"attn_bool_mask": "holds", "attn_causal": "violated"}, status
+
+
+def test_tolerance_rule_needs_the_score_rounding_term_and_still_catches_a_scale_error():
+    """float32 SDPA at large logits is off by more than the dtype's table allows (so the score
+    rounding term is needed), and a 1e-3 relative scale error is caught at ordinary logits."""
+    from attnverify.attention import tolerance
+    from attnverify.tolerances import tol_for
+
+    def ratios(case, scale=None):
+        out = torch.nn.functional.scaled_dot_product_attention(case.q, case.k, case.v,
+                                                               scale=scale).double()
+        ref = eager(case.q, case.k, case.v)
+        t = tol_for(torch.float32)
+        plain = float(((out - ref).abs() / (t.atol + t.rtol * ref.abs())).max())
+        limit = tolerance.output_allowed(ref, case.q, case.k, case.v, None, torch.float32)
+        return plain, float(((out - ref).abs() / limit).max())
+
+    big = AC.build(AC.recipe(mag=10.0, d=64, l_k=512, l_q=16, seed=3))
+    plain, rule = ratios(big)
+    assert plain > 1 and rule < 0.5, (plain, rule)
+    small = AC.build(AC.recipe(mag=1.0, d=64, l_k=512, l_q=16, seed=3))
+    assert ratios(small, scale=(1 + 1e-3) / 8)[1] > 1
