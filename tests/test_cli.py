@@ -10,6 +10,7 @@ import pytest
 
 from attnverify import atomic, report
 from attnverify.cli import main
+from attnverify.errors import UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PLANTED = str(FIXTURES / "planted.py")
@@ -174,3 +175,54 @@ def test_infinite_violation_ratio_still_writes_valid_json(capsys, tmp_path):
     (bad,) = [r for r in json.loads(path.read_text())["targets"][0]["results"]
               if r["property"] == "shape"]
     assert bad["status"] == "violated" and bad["counterexample"]["ratio"] == "inf"
+
+
+# --------------------------------------------------------------------------------------------
+# The run configuration (attnverify.runconfig): one home for profiles, contexts and settings
+
+
+def test_profiles_are_defined_once_and_registered_with_hypothesis():
+    from hypothesis import settings
+
+    from attnverify import certify, commands, runconfig
+
+    assert certify.PROFILES is runconfig.PROFILES and certify.make_context is runconfig.make_context
+    assert commands.PROFILE_CHOICES == tuple(runconfig.PROFILES)
+    runconfig.register_profiles()
+    for name, limits in runconfig.PROFILES.items():
+        registered = settings.get_profile(f"attnverify-{name}")
+        assert registered.max_examples == limits["max_examples"]
+        assert registered.deadline is None and registered.database is None
+        ctx = runconfig.make_context(name)
+        assert ctx.timeout_s == limits["timeout_s"] and ctx.max_length == limits["max_length"]
+        built = runconfig.hypothesis_settings(ctx, 7)
+        assert built.max_examples == 7 and built.deadline is None and not built.derandomize
+
+
+def test_make_context_validates_and_overrides(monkeypatch):
+    from attnverify.runconfig import make_context
+
+    ctx = make_context("dev", max_examples=3, seed=2**64 - 1, timeout=0.25, isolation=False)
+    assert (ctx.max_examples, ctx.seed, ctx.timeout_s, ctx.isolation) == (3, 2**64 - 1, 0.25, False)
+    monkeypatch.setenv("ATTNVERIFY_ISOLATION", "off")
+    assert make_context("dev").isolation is False
+    monkeypatch.setenv("ATTNVERIFY_ISOLATION", "maybe")
+    with pytest.raises(UsageError, match="ATTNVERIFY_ISOLATION"):
+        make_context("dev")
+    for kwargs in ({"max_examples": 100_001}, {"seed": -1}, {"timeout": float("inf")},
+                   {"timeout": 0}, {"seed": True}):
+        with pytest.raises(UsageError):
+            make_context("dev", isolation=True, **kwargs)
+
+
+def test_help_and_readme_state_the_time_limits(capsys):
+    from attnverify.runconfig import PROFILES
+
+    with pytest.raises(SystemExit):
+        main(["certify", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for name, limits in PROFILES.items():
+        assert f"{name} {limits['timeout_s']} s" in text
+        assert re.search(rf"^\| `{name}` \|.*\| {limits['timeout_s']} s \|$", readme, flags=re.M)
+    assert "--no-isolation" in text
