@@ -197,10 +197,14 @@ def run_property(
     try:
         _hypothesis_test(prop, spec, ctx, state)()
     except Exception as exc:  # noqa: BLE001 - classified below
+        exc = _unwrap(exc)
         failures.append((getattr(exc, "attnverify_case", state.last), exc))
     if not failures:
         return _finish(prop, claimed, "holds", state, start, "", None, spec, ctx)
-    case, exc = min(failures, key=lambda f: (_size(f[0]), not isinstance(f[1], Violation)))
+    # the normalizer's failures before any fault of the search (a flaky run, no valid case), then
+    # the smallest case, a violation before a raise
+    case, exc = min(failures, key=lambda f: (not isinstance(f[1], (Violation, NormalizerError)),
+                                             _size(f[0]), not isinstance(f[1], Violation)))
     case, exc, state.reproduces = _exact_and_minimal(prop, spec, ctx, case, exc)
     state.last = case
     if isinstance(exc, Violation):
@@ -239,6 +243,15 @@ def _hypothesis_test(prop: Property, spec: NormalizerSpec, ctx: Context, state: 
     examples = max(1, int(round(ctx.max_examples * prop.examples_scale)))
     conf = hypothesis_settings(ctx, examples)
     return hypothesis.seed(ctx.seed)(conf(given(prop.cases(spec, ctx))(body)))
+
+
+def _unwrap(exc: Exception) -> Exception:
+    """The normalizer's own failure inside a Hypothesis exception group (a flaky failure wraps
+    the violation it could not reproduce), else ``exc``."""
+    for inner in getattr(exc, "exceptions", ()):
+        if isinstance(inner, (Violation, NormalizerError)):
+            return inner
+    return exc
 
 
 def _exact_and_minimal(prop: Property, spec, ctx, case, exc):
