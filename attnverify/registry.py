@@ -41,8 +41,8 @@ ENTRY_POINT_GROUP = "attnverify.normalizers"
 def builtins() -> dict[str, NormalizerSpec]:
     """Every built-in normalizer, by id, in docs/NORMALIZERS.md order.
 
-    Imported here, not at module level, so that ``import attnverify`` (and the auto-loaded
-    pytest plugin) does not import torch; ``attnverify.normalizers`` imports only
+    Imported here, not at module level, so that importing the registry (the loader) does not
+    import torch and the built-ins; ``attnverify.normalizers`` imports only
     :mod:`attnverify.spec`, never this module, so there is no cycle.
     """
     from attnverify.normalizers import BUILTINS
