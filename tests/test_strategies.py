@@ -1,4 +1,4 @@
-"""Tests of attnverify's own Hypothesis strategies (attnverify/strategies.py).
+"""Tests of attnverify's own Hypothesis strategies (the attnverify/strategies/ package).
 
 Kept apart from the property suite adopters run: each kind is reachable and satisfies its
 definition, shrinking reaches the minimal case, generated inputs satisfy the theorems'
