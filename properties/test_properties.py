@@ -26,8 +26,8 @@ def _load(config_key: tuple):
 
     target, claims, params, profile, seed, max_examples, dtypes, device, reference = config_key
     ctx = make_context(profile, dtypes=dtypes, device=device or "cpu",
-                       max_examples=int(max_examples) if max_examples else None,
-                       seed=int(seed or 0))
+                       max_examples=max_examples or None,  # strings checked there (exit 2)
+                       seed=seed or 0)
     from attnverify.certify import fix_temperature
 
     # --attnverify-params temperature=… fixes T for every property and bound (validated)
