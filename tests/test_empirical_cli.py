@@ -74,6 +74,7 @@ BAD_VALUES = [
     (["--epsilons", "1e-3,inf"], "--epsilons"),
     (["--epsilons", ","], "--epsilons"),
     (["--epsilons", "0.1,-1"], "--epsilons"),
+    (["--epsilons", "1e-300"], "--epsilons"),
     (["--collapse-lambdas", "nan"], "--collapse-lambdas"),
     (["--collapse-lambdas", "inf"], "--collapse-lambdas"),
     (["--collapse-lambdas", "-0.5"], "--collapse-lambdas"),

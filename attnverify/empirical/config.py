@@ -24,6 +24,9 @@ MAX_SEED = 2**32 - 1
 #: Largest ``--threads`` and ``--temperature-points`` accepted (beyond any sensible run).
 MAX_THREADS = 1024
 MAX_TEMPERATURE_POINTS = 10_000
+#: ε of Alg. 5: below 1e-12 the perturbation is lost in float64 rounding (ε = 1e-300 gave
+#: g = 0 everywhere).
+EPSILON_RANGE = (1e-12, 1e12)
 #: Upper limits of the size options: far beyond the papers' settings, low enough that no size
 #: asks for absurd memory at once (the training run holds all its batches: 8 kB per step).
 SIZE_LIMITS = {
@@ -231,6 +234,10 @@ def validate_settings(config: RunConfig) -> None:
                          (config.temperatures, "--temperature-points")):
         if not values or not all(math.isfinite(v) and v > 0 for v in values):
             raise UsageError(f"{flag}: expected positive finite values, got {list(values)}")
+    if not all(EPSILON_RANGE[0] <= e <= EPSILON_RANGE[1] for e in config.epsilons):
+        raise UsageError(f"--epsilons must lie in {EPSILON_RANGE[0]:g} … {EPSILON_RANGE[1]:g} (a "
+                         f"smaller ε is lost in the rounding of the logits), got "
+                         f"{list(config.epsilons)}")
     _positive(config.windows, "--windows")
     _positive(config.rows_per_length, "--rows-per-length")
     _positive(config.mc_draws, "--mc-draws")
