@@ -7,6 +7,7 @@ exit code (0 ok, 1 violated / falsified, 2 usage, raised as :class:`UsageError`)
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from attnverify.errors import UsageError
@@ -23,7 +24,8 @@ def _argument_type(check):
         try:
             return check(text)
         except UsageError as exc:
-            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+            # argparse names the option already: "argument --seed: expects an integer, …"
+            raise argparse.ArgumentTypeError(re.sub(r"^--[\w-]+ ", "", str(exc))) from None
 
     parse.__name__ = check.__name__.removeprefix("check_")
     return parse
@@ -205,7 +207,7 @@ def _run_falsify(args) -> int:
 
 def _claims_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", choices=PROFILE_CHOICES, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0, help="0 to 2**64-1 (default 0)")
     p.add_argument("--json", dest="json_path", default=None, help="write the audit as JSON")
     p.add_argument("--markdown", dest="markdown_path", default=None)
 
