@@ -121,11 +121,13 @@ def test_numbers_have_one_encoding():
     assert serialize.jsonable({"a": (math.inf, 2)}) == {"a": ["inf", 2]}
 
 
-def test_a_huge_case_goes_to_a_file_named_in_the_line():
+def test_a_huge_case_goes_to_a_file_named_in_the_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(serialize.tempfile, "tempdir", str(tmp_path))
     big = {"case": "RowCase", "scores": {"b64": "x" * (serialize.MAX_INLINE_CHARS + 1)}}
     line = serialize.repro_command("softmax", big, property="simplex")
     path = shlex.split(line)[-1]
     assert len(line) < 1000 and json.loads(Path(path).read_text()) == big
+    assert Path(path).parent.parent == tmp_path
 
 
 @pytest.mark.parametrize(
