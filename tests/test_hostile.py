@@ -99,6 +99,12 @@ def test_runaway_allocation_is_an_error_result(capsys, tmp_path):
     assert "can't allocate memory" in first_error(targets[f"{HOSTILE}:hogs_memory"])["message"]
 
 
+def test_the_worker_address_space_is_limited(capsys, tmp_path):
+    code, targets, _ = certificate(capsys, tmp_path, f"{HOSTILE}:reports_memory_limit")
+    assert code == 1
+    assert "RLIMIT_AS=set" in first_error(targets[f"{HOSTILE}:reports_memory_limit"])["message"]
+
+
 def test_no_isolation_runs_in_process(capsys, tmp_path):
     code, targets, data = certificate(capsys, tmp_path, f"{HOSTILE}:raises_base",
                                       extra=["--no-isolation"])
