@@ -184,4 +184,7 @@ def recipe(**over) -> dict[str, Any]:
     base = {"b": 2, "h": 2, "h_kv": 2, "l_q": 5, "l_k": 7, "d": 8, "d_v": 8, "dtype": "float32",
             "qk": "gaussian", "mag": 1.0, "mask": "none", "keep": 0.5, "window": 3,
             "scale": "default", "positive_v": False, "device": "cpu", "seed": 5}
-    return {**base, **over}
+    out = {**base, **over}
+    if "d_v" not in over:
+        out["d_v"] = out["d"]
+    return out

@@ -180,3 +180,27 @@ def flex(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
     out = compiled()(qf * scale, kf, vf, bias, slopes, 1.0, mod or "", int(window), float(cap),
                      group > 1)
     return out[:, : b * heads, :l_q, :d_v].reshape(b, heads, l_q, d_v)
+
+
+def _direct_call(q, k, v, bias, scale, gqa: bool):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def score_mod(s, b, h, i, j):
+        return s + bias[b, h, i, j]
+
+    return flex_attention(q, k, v, score_mod=score_mod, scale=scale, enable_gqa=gqa)
+
+
+@functools.cache
+def compiled_direct():
+    """``torch.compile`` of a plain FlexAttention call, for :func:`flex_direct`."""
+    _raise_recompile_limit()
+    return torch.compile(_direct_call)
+
+
+def flex_direct(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """FlexAttention compiled and called on the inputs as they are (no canonical form): what a
+    direct ``torch.compile(flex_attention)`` wrapper runs, one compiled graph per shape family.
+    Slow to certify (seconds per compile); the mask and causal triangle as one bias."""
+    bias = _bias(attn_mask, is_causal, q, k, q.shape[-2], k.shape[-2])
+    return compiled_direct()(q, k, v, bias, scale, bool(enable_gqa))

@@ -5,7 +5,9 @@
 | ``sdpa`` | ``torch.nn.functional.scaled_dot_product_attention``, default dispatch |
 | ``sdpa_math`` / ``sdpa_flash`` / ``sdpa_efficient`` / ``sdpa_cudnn`` | SDPA restricted to one
   backend (``torch.nn.attention.sdpa_kernel``); efficient and cuDNN exist on CUDA only |
-| ``flex`` | FlexAttention (``torch.nn.attention.flex_attention``) compiled once per process |
+| ``flex`` | FlexAttention (``torch.nn.attention.flex_attention``) compiled once per process,
+  called in a canonical form that keeps the compiled graphs few (:mod:`attnverify.attention.flex`) |
+| ``flex_direct`` | FlexAttention compiled and called on the inputs as given (slow to certify) |
 | ``flex_causal``, ``flex_sliding_window``, ``flex_alibi``, ``flex_softcap`` | FlexAttention with
   that score modification (:mod:`attnverify.attention.mods`) |
 | ``eager`` | the float64 reference of :mod:`attnverify.attention.reference` (softmax) |
@@ -94,6 +96,11 @@ def builtins() -> dict[str, AttentionSpec]:
                       max_head_dim=flex.MAX_HEAD_DIM, differentiable=flex.DIFFERENTIABLE,
                       unavailable=flex.unavailable(),
                       description="FlexAttention, compiled (masks as a score_mod bias)"),
+        AttentionSpec("flex_direct", flex.flex_direct, gqa=True, dtypes=flex.DTYPES,
+                      max_head_dim=flex.MAX_HEAD_DIM, differentiable=flex.DIFFERENTIABLE,
+                      unavailable=flex.unavailable(),
+                      description="FlexAttention compiled on the inputs as given (no canonical "
+                      "form; slow: a compile per shape family)"),
     ]
     for mod in mods.MODS:
         specs.append(AttentionSpec(
