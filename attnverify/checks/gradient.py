@@ -19,12 +19,13 @@ points where the map is not differentiable, and a difference quotient across suc
 derivative. The step is ``h = 1e-5·min(T, max|z|)``; a row's difference is used only when the
 segment ``[z − hv, z + hv]`` is smooth: the set of exact-zero weights is the same at ``z ± hv``,
 ``z ± hv/10`` and ``z``; the one-sided quotients ``d± = ±⟨u, f(z ± hv) − f(z)⟩/h`` agree to
-``|d₊ − d₋| ≤ 1e-3·(|d₊| + |d₋|)`` plus rounding; and the central quotient at ``h/10`` agrees with
-the one at ``h`` as closely (a jump, e.g. of the gradient at a tie, would grow it 10×; for
-``double_backward`` the weights must pass the one-sided test too). Otherwise ``h`` shrinks by
-100× (twice); a row still on a kink is skipped (not judged). A judged row may differ from the
-central difference by ``1e-5`` of the derivatives' scale plus ``|d₊ − d₋|`` (the curvature left
-in the segment), so any error of more than a fraction of a percent in a derivative is caught.
+``|d₊ − d₋| ≤ 1e-3·(|d₊| + |d₋| + D)`` plus rounding, ``D = ‖u‖‖v‖·max|f|/s`` the size such a
+derivative has when nothing cancels (``s = min(T, max|z|)``); and the central quotient at
+``h/10`` agrees with the one at ``h`` as closely (a jump, e.g. of the gradient at a tie, would
+grow it 10×; for ``double_backward`` the weights must pass the one-sided test too). Otherwise
+``h`` shrinks by 100× once; a row still on a kink is skipped (not judged). A judged row may
+differ from the central difference by ``1e-5`` of the derivatives' scale plus ``|d₊ − d₋|`` (the
+curvature left in the segment), so an error of more than about 0.1% of ``D`` is caught.
 """
 
 from __future__ import annotations
@@ -46,9 +47,10 @@ GRADIENT_MAX_LENGTH = 16
 GRADIENT_KINDS = tuple(k for k in C.S.ALL_KINDS if k != "huge_range")
 #: Finite-difference step relative to min(T, max |z|), the scale on which the map bends.
 STEP = 1e-5
-#: Step multipliers tried in turn while the segment crosses a kink.
-SHRINK = (1.0, 1e-2, 1e-4)
-#: One-sided quotients further apart than this fraction: the segment crosses a kink.
+#: Step multipliers tried in turn while the segment crosses a kink (smaller steps are rounding).
+SHRINK = (1.0, 1e-2)
+#: One-sided quotients further apart than this fraction of their size (or of the natural size
+#: ``‖w‖‖v‖·max|F| / s`` of such a derivative): the segment crosses a kink.
 KINK = 1e-3
 #: Allowed disagreement of two derivatives, relative to their scale ‖Jᵀu‖‖v‖ + ‖u‖‖Jv‖.
 RTOL = 1e-5
@@ -116,8 +118,17 @@ def _one_sided(f0, fp, fm, w, h):
     return dp, dm, (dp - dm).abs(), noise
 
 
-def _smooth(dp, dm, gap, noise) -> Tensor:
-    return torch.isfinite(dp) & torch.isfinite(dm) & (gap <= KINK * (dp.abs() + dm.abs()) + noise)
+def _smooth(dp, dm, gap, noise, natural) -> Tensor:
+    allowed = KINK * (dp.abs() + dm.abs() + natural) + noise
+    return torch.isfinite(dp) & torch.isfinite(dm) & (gap <= allowed)
+
+
+def _natural(f0: Tensor, w: Tensor, v: Tensor, step: Tensor) -> Tensor:
+    """``‖w‖‖v‖·max|F(z)| / s`` per row (``s = step / STEP``): the size a derivative of ``⟨w, F⟩``
+    along ``v`` has when nothing cancels."""
+    norm = torch.linalg.vector_norm
+    top = f0.abs().nan_to_num(0.0, 0.0, 0.0).amax(-1)
+    return norm(w, dim=-1) * norm(v, dim=-1) * top / (step.squeeze(-1) / STEP)
 
 
 def smooth_difference(F, z: Tensor, v: Tensor, w: Tensor, step: Tensor, guard=None) -> Difference:
@@ -127,7 +138,9 @@ def smooth_difference(F, z: Tensor, v: Tensor, w: Tensor, step: Tensor, guard=No
     ``F`` is their gradient: a kink of ``f`` at ``z`` is a jump of ``F`` that central
     differences of ``F`` alone can mistake for a large smooth derivative)."""
     f0, p0 = F(z)
+    natural = _natural(f0, w, v, step)
     g0 = guard[0](z) if guard else None
+    guard_natural = _natural(g0, guard[1], v, step) if guard else None
     rows = z.shape[0]
     out = {k: torch.zeros(rows, dtype=F64) for k in ("central", "norm", "gap", "noise", "step")}
     judged = torch.zeros(rows, dtype=torch.bool)
@@ -138,17 +151,18 @@ def smooth_difference(F, z: Tensor, v: Tensor, w: Tensor, step: Tensor, guard=No
         hh = h.squeeze(-1)
         dp, dm, gap, noise = _one_sided(f0, fp, fm, w, hh)
         same = ~((pp != p0) | (pm != p0)).any(-1)
-        ok = same & _smooth(dp, dm, gap, noise) & ~judged
+        ok = same & _smooth(dp, dm, gap, noise, natural) & ~judged
         # the same quotient at a 10× smaller step: a jump of F would grow it 10×
         fp2, pp2 = F(z + h * v / 10)
         fm2, pm2 = F(z - h * v / 10)
         dp2, dm2, _, noise2 = _one_sided(f0, fp2, fm2, w, hh / 10)
         drift = ((dp + dm) / 2 - (dp2 + dm2) / 2).abs()
         ok &= ~((pp2 != p0) | (pm2 != p0)).any(-1)
-        ok &= _smooth((dp + dm) / 2, (dp2 + dm2) / 2, drift, noise2)
+        ok &= _smooth((dp + dm) / 2, (dp2 + dm2) / 2, drift, noise2, natural)
         gap = torch.maximum(gap, drift)
         if guard:
-            ok &= _smooth(*_one_sided(g0, guard[0](z + h * v), guard[0](z - h * v), guard[1], hh))
+            gp, gm = guard[0](z + h * v), guard[0](z - h * v)
+            ok &= _smooth(*_one_sided(g0, gp, gm, guard[1], hh), guard_natural)
         norm = torch.linalg.vector_norm(fp - fm, dim=-1) / (2 * hh)
         new = {"central": (dp + dm) / 2, "norm": norm, "gap": gap, "noise": noise, "step": hh}
         for k, value in new.items():
