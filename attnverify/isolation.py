@@ -70,8 +70,11 @@ class Worker:
         import multiprocessing
         from multiprocessing import sharedctypes
 
-        mp = multiprocessing.get_context("forkserver")
-        mp.set_forkserver_preload(PRELOAD)
+        try:
+            mp = multiprocessing.get_context("forkserver")
+            mp.set_forkserver_preload(PRELOAD)
+        except ValueError:  # no fork server on this platform: a fresh interpreter per worker
+            mp = multiprocessing.get_context("spawn")
         self.slot = sharedctypes.RawArray("d", 2)
         self.conn, child = mp.Pipe()
         self.proc = mp.Process(
@@ -93,7 +96,12 @@ class Worker:
             self._start()
         self.slot[0] = self.slot[1] = 0.0
         try:
-            self.conn.send_bytes(pickle.dumps((kind, args)))
+            data = pickle.dumps((kind, args))
+        except Exception as exc:  # noqa: BLE001 - e.g. a parameter value that cannot be pickled
+            raise UsageError(f"the run's settings cannot be sent to a worker process "
+                             f"({describe_exception(exc)}); run with --no-isolation") from None
+        try:
+            self.conn.send_bytes(data)
         except (BrokenPipeError, EOFError, OSError):
             raise self._dead() from None
         while True:
