@@ -62,3 +62,12 @@ def test_constraints_pin_torch_and_every_install_uses_them():
         assert 'pip install -c constraints.txt -e ".[all]"' in cmd, cmd
     tox = (ROOT / "tox.ini").read_text()
     assert "-c {toxinidir}/constraints.txt" in tox
+
+
+def test_every_statement_of_the_torch_range_is_the_declared_one():
+    req = _torch_requirement()
+    places = ["README.md", "constraints.txt", "docs/INTERFACES.md", "docs/ci/attnverify.yml",
+              "docs/ci/constraints.txt"]
+    wrong = {p: found for p in places
+             if (found := set(re.findall(r"torch>=[\d.]+", (ROOT / p).read_text())) - {req})}
+    assert not wrong, f"these files state another torch range than pyproject's {req}: {wrong}"
