@@ -151,7 +151,7 @@ def test_attention_spec_public_constructor_and_claims():
 def test_cli_certify_attention_planted_exits_1_with_repro(tmp_path, capsys):
     out = tmp_path / "cert.json"
     code = main(["certify", "--attention", f"{FILE}:bottom_right_causal", "--profile", "dev",
-                 "--max-examples", "5", "--json", str(out), "--quiet"])
+                 "--max-examples", "2", "--json", str(out), "--quiet"])
     assert code == 1
     data = json.loads(out.read_text())
     res = {r["property"]: r for r in data["targets"][0]["results"]}

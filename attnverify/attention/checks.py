@@ -83,6 +83,21 @@ def allowed_keys(a, case, q=None, k=None, mask="case", causal=None) -> torch.Ten
     return allowed.expand(q.shape[0], q.shape[1], q.shape[-2], k.shape[-2])
 
 
+def _modified(a, mask) -> bool:
+    """The scores differ from scale·q·kᵀ: a score modification or an additive mask."""
+    return a.score_mod in ("alibi", "softcap") or (
+        isinstance(mask, torch.Tensor) and mask.dtype != torch.bool)
+
+
+def _final_scores(a, q, k_full, mask, scale) -> torch.Tensor:
+    from attnverify.attention.reference import scores_of
+
+    s = scores_of(q, k_full, scale, score_mod=a.score_mod, mod_params=_mod_params(a))
+    if isinstance(mask, torch.Tensor) and mask.dtype != torch.bool:
+        s = s + mask.to(F64)
+    return s
+
+
 def compare(label: str, got, want, a, case, *, q=None, k=None, v=None, mask="case",
             causal=None, scale="case", allowed=None, **details) -> float:
     """``|got − want| ≤`` the tolerance rule, else a :class:`Violation` naming ``label``."""
@@ -90,11 +105,13 @@ def compare(label: str, got, want, a, case, *, q=None, k=None, v=None, mask="cas
     k = case.k if k is None else k
     v = case.v if v is None else v
     scale = case.scale if scale == "case" else scale
+    mask = case.attn_mask if isinstance(mask, str) else mask
     heads = q.shape[-3]
     k_full, v_full = expand_heads(k, heads), expand_heads(v, heads)
     if allowed is None:
         allowed = allowed_keys(a, case, q, k_full, mask, causal)
-    limit = tolerance.output_allowed(want, q, k_full, v_full, scale, q.dtype, allowed)
+    scores = _final_scores(a, q, k_full, mask, scale) if _modified(a, mask) else None
+    limit = tolerance.output_allowed(want, q, k_full, v_full, scale, q.dtype, allowed, scores)
     g = got.detach().to(device="cpu", dtype=F64)
     w, limit = want.detach().to("cpu", F64), limit.cpu()
     diff = (g - w).abs().nan_to_num(nan=math.inf)

@@ -18,6 +18,10 @@ ALL_MASKS = tuple(m for m in AC.MASK_KINDS if m != "fully_masked")
 #: Score mods that depend on key positions (key permutation cannot hold).
 POSITIONAL_MODS = ("causal", "sliding_window", "alibi")
 GRADIENT_MAX_KEYS = 128
+#: Lengths that are not multiples of a tiled kernel's block sizes, at a small head dimension.
+TILE_TAILS = ({"b": 1, "h": 1, "h_kv": 1, "l_q": 40, "l_k": 40, "d": 16},
+              {"b": 2, "h": 2, "h_kv": 2, "l_q": 9, "l_k": 40, "d": 16},
+              {"b": 1, "h": 1, "h_kv": 1, "l_q": 129, "l_k": 129, "d": 64})
 
 
 def _a(spec):
@@ -114,7 +118,7 @@ _ALL = [
           "normalizer, matmul) for any mask, scale and GQA setting, within the score-rounding "
           "tolerance", K.check_reference,
           battery=({"d": 16}, {"mask": "bool", "scale": 0.5}, {"mask": "causal", "l_q": 3},
-                   {"h": 4, "h_kv": 2, "mask": "bool"})),
+                   {"h": 4, "h_kv": 2, "mask": "bool"}, *TILE_TAILS)),
     _prop("attn_bool_mask", "a boolean mask (True = may attend) is honoured: output equals the "
           "reference and keys masked for every query have no influence at all",
           K.check_mask, masks=("bool", "columns", "band"),

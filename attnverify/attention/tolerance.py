@@ -5,7 +5,10 @@ The rule, per output element of query row ``i`` (``u`` = unit roundoff of the in
 ``L`` the number of keys)::
 
     |out − ref| ≤ atol + rtol·|ref| + (min(2·δs_i, 2) + u + (2 + √L)·u₃₂) · V∞
-    δs_i = scale · (2 + √d) · u · max_j Σ_c |q_ic|·|k_jc|      (j over the keys row i attends)
+    δs_i = scale · (2 + √d) · u · max_j Σ_c |q_ic|·|k_jc|  [+ 2·u·max_j |s_ij|]
+           (j over the keys row i attends; the bracket where a score modification or an
+           additive mask changes the scores: ALiBi's slope·(j − i) reaches hundreds at L = 1024,
+           and the kernel rounds the sum in its own precision)
 
 - ``atol``/``rtol``: the one per-dtype table (:mod:`attnverify.tolerances`): rounding of the output.
 - ``δs_i``: the rounding of the scores the kernel forms itself, ``Q·Kᵀ·scale`` in its own
@@ -52,14 +55,27 @@ def score_error(q, k, scale, dtype, allowed=None) -> torch.Tensor:
     return _scale(q, scale) * (2.0 + math.sqrt(d)) * unit_roundoff(dtype) * worst
 
 
-def output_allowed(ref, q, k, v, scale, dtype, allowed=None) -> torch.Tensor:
-    """The allowed ``|out − ref|`` per element (float64, ``ref``'s shape)."""
+def output_allowed(ref, q, k, v, scale, dtype, allowed=None, scores=None) -> torch.Tensor:
+    """The allowed ``|out − ref|`` per element (float64, ``ref``'s shape). ``scores``: the
+    final float64 scores (after score modification and additive mask), when they differ from
+    ``scale·q·kᵀ``."""
     t = tol_for(dtype)
     v_inf = v.to(F64).abs().amax(dim=(-2, -1), keepdim=True)
     length = k.shape[-2]
-    ds = score_error(q, k, scale, dtype, allowed).clamp_max(1.0)
+    ds = score_error(q, k, scale, dtype, allowed)
+    if scores is not None:
+        ds = ds + 2.0 * unit_roundoff(dtype) * _largest(scores, allowed)
+    ds = ds.clamp_max(1.0)
     slack = 2.0 * ds + unit_roundoff(dtype) + (2.0 + math.sqrt(length)) * U32
     return t.atol + t.rtol * ref.abs() + slack * v_inf
+
+
+def _largest(scores: torch.Tensor, allowed) -> torch.Tensor:
+    """``max_j |s_ij|`` over the keys each query attends (finite scores only)."""
+    mag = scores.to(F64).abs().nan_to_num(0.0, 0.0, 0.0)
+    if allowed is not None:
+        mag = mag.masked_fill(~allowed, 0.0)
+    return mag.amax(dim=-1, keepdim=True) if mag.shape[-1] else mag.sum(-1, keepdim=True)
 
 
 def grad_allowed(ref_grad, q, k, scale, dtype) -> torch.Tensor:
