@@ -256,3 +256,18 @@ def test_tolerance_rule_needs_the_score_rounding_term_and_still_catches_a_scale_
     assert plain > 1 and rule < 0.5, (plain, rule)
     small = AC.build(AC.recipe(mag=1.0, d=64, l_k=512, l_q=16, seed=3))
     assert ratios(small, scale=(1 + 1e-3) / 8)[1] > 1
+
+
+def test_lifted_property_counterexample_reproduces_through_attnverify_repro(capsys):
+    """A normalizer property failed by the lifted kernel has an ``attnverify repro`` line (the
+    lifted kernel loads as ``attnverify.attention.lift:TARGET``) that exits 1."""
+    import shlex
+
+    res = certify_attention(load_attention(f"{FILE}:doubled_output"), ["simplex"],
+                            make_context("dev", seed=0, max_examples=2))
+    simplex = next(r for r in res.results if r.property == "simplex")
+    assert simplex.status == "violated"
+    argv = shlex.split(simplex.counterexample["repro"])
+    assert argv[:2] == ["attnverify", "repro"]
+    assert main(argv[1:]) == 1
+    assert "row sum 2" in capsys.readouterr().out
