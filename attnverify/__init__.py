@@ -1,6 +1,9 @@
-"""attnverify: property-based verification and benchmarks for attention normalizers."""
+"""attnverify: property-based verification and benchmarks for attention normalizers.
 
-from attnverify.attention.spec import AttentionSpec, attention_spec
+``import attnverify`` stays torch-free (the pytest plugin is auto-loaded in every adopter's
+pytest run); the attention record types, which need torch, load on first use.
+"""
+
 from attnverify.registry import Kernel, NormalizerSpec, load_target, normalizer_spec
 
 __version__ = "0.1.0"
@@ -14,3 +17,13 @@ __all__ = [
     "load_target",
     "normalizer_spec",
 ]
+
+_LAZY = {"AttentionSpec", "attention_spec"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from attnverify.attention import spec
+
+        return getattr(spec, name)
+    raise AttributeError(f"module 'attnverify' has no attribute {name!r}")

@@ -159,3 +159,15 @@ def test_every_package_is_installed():
     packages = {name for name, path in _modules().items() if path.name == "__init__.py"}
     assert listed == packages
     assert re.search(r'^"attnverify\.properties"\s*=\s*"properties"', text, re.M)
+
+
+def test_package_and_plugin_import_without_torch():
+    """The plugin is auto-loaded in every adopter's pytest run: importing it (or the package's
+    public names other than the attention records) must not import torch."""
+    import subprocess
+
+    code = ("import sys, attnverify, attnverify.pytest_plugin; "
+            "from attnverify import Kernel, NormalizerSpec, load_target, normalizer_spec; "
+            "assert 'torch' not in sys.modules, 'torch imported'; "
+            "from attnverify import attention_spec; assert 'torch' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
