@@ -29,11 +29,18 @@ def _slack(bound: torch.Tensor) -> torch.Tensor:
     return t.atol + t.rtol * bound.abs()
 
 
+def _denominator(value: torch.Tensor) -> torch.Tensor:
+    """What a ratio divides by: the value itself, or value + slack where the value is within the
+    slack of 0 (a bound of 0 met by an observation of 1e-17 is a ratio near 0, not 1e292)."""
+    slack = _slack(value)
+    return torch.where(value.abs() > slack, value, value.clamp_min(0.0) + slack)
+
+
 def _upper(observed: torch.Tensor, bound: torch.Tensor, what: str, **details) -> float:
     """Raise unless ``observed ≤ bound`` (elementwise, within slack); return the worst ratio."""
     observed, bound = as_float64(observed), as_float64(bound).expand_as(as_float64(observed))
     excess = observed - bound - _slack(bound)
-    ratio = observed / bound.clamp_min(torch.finfo(F64).tiny)
+    ratio = observed / _denominator(bound)
     worst_i = int(torch.argmax(excess.nan_to_num(math.inf)))
     flat_o, flat_b = observed.flatten(), bound.flatten()
     if bool((excess.nan_to_num(math.inf) > 0).any()):
@@ -53,7 +60,7 @@ def _lower(observed: torch.Tensor, bound: torch.Tensor, what: str, **details) ->
         o, b = float(observed.flatten()[i]), float(bound.flatten()[i])
         raise Violation(f"{what}: observed {o:.6g} < lower bound {b:.6g}",
                         observed=o, bound=b, ratio=(b / o) if o > 0 else math.inf, **details)
-    ratio = bound / observed.clamp_min(torch.finfo(F64).tiny)
+    ratio = bound / _denominator(observed)
     return float(ratio.max()) if ratio.numel() else 0.0
 
 
