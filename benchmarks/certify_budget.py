@@ -1,7 +1,8 @@
 """Check the certify budget: ``attnverify certify`` on every built-in with the ci profile.
 
 Prints the wall time per target and per property (summed over targets), the total against the
-60-second budget (references and gradients included), and exits 1 when over it. Not a timed unit test: run it by hand or in a perf job.
+60-second budget (references and gradients included), and exits 1 when over it. Not a timed unit
+test: run it by hand or in a perf job.
 
     python benchmarks/certify_budget.py [--profile ci] [--budget 60] [--json PATH]
 """
