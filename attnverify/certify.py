@@ -66,8 +66,15 @@ class TargetResult:
 
     @property
     def verdict(self) -> str:
+        """``failed`` when a claimed property is violated or raised; ``not_checked`` when no
+        property could run here (every one not applicable, e.g. a CUDA-only kernel on a CPU
+        machine): nothing was certified; else ``certified``."""
         bad = [r for r in self.results if r.claimed and r.status in ("violated", "error")]
-        return "failed" if bad else "certified"
+        if bad:
+            return "failed"
+        if self.results and all(r.status == "not_applicable" for r in self.results):
+            return "not_checked"
+        return "certified"
 
     def to_json(self) -> dict[str, Any]:
         return {

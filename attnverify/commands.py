@@ -112,7 +112,7 @@ def _run_certify(args) -> int:
     from attnverify.certify import make_context
     from attnverify.isolation import certify_all
     from attnverify.registry import builtin_ids, parse_params
-    from attnverify.xfails import apply_xfails, check_entries, load_xfails
+    from attnverify.xfails import check_entries, load_xfails
 
     # every option checked here, before any work (loading the targets comes next)
     ctx = make_context(args.profile, dtypes=args.dtypes, device=args.device,
@@ -132,7 +132,16 @@ def _run_certify(args) -> int:
                           progress=None if args.quiet else _progress,
                           before_run=None if xfails is None else
                           (lambda ids: check_entries(xfails, ids)))
-    data = report.certificate(results, ctx)
+    return finish_certify(args, report.certificate(results, ctx), xfails)
+
+
+def finish_certify(args, data: dict, xfails) -> int:
+    """Write and print a certify run's certificate; return its exit code: 1 when a claimed
+    property failed (after xfails), 2 when no target could be checked at all (every property of
+    every target not applicable here: nothing was certified), else 0."""
+    from attnverify import report
+    from attnverify.xfails import apply_xfails
+
     exit_code = 1 if any(t["verdict"] == "failed" for t in data["targets"]) else 0
     if xfails is not None:
         exit_code = apply_xfails(data, xfails)
@@ -144,6 +153,10 @@ def _run_certify(args) -> int:
     if args.quiet:
         text = "\n".join(line for line in text.splitlines() if line.startswith("verdict:"))
     print(text)
+    unchecked = [t["target"] for t in data["targets"] if t["verdict"] == "not_checked"]
+    if unchecked and len(unchecked) == len(data["targets"]):
+        raise UsageError(f"nothing could be checked here: no property applies to "
+                         f"{', '.join(unchecked)} (the reasons are in the table)")
     return exit_code
 
 

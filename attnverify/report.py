@@ -100,7 +100,7 @@ def terminal_table(data: dict[str, Any]) -> str:
                 lines.extend(_violation_lines(r))
             elif r["status"] == "not_applicable" and r["claimed"]:
                 lines.append(f"  note: {r['property']} not applicable: {r['message']}")
-        lines.append(f"verdict: {target['target']}: {target['verdict'].upper()}")
+        lines.append(f"verdict: {target['target']}: {target['verdict'].upper().replace('_', ' ')}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 

@@ -208,6 +208,25 @@ def test_unavailable_backend_is_skipped_with_its_reason():
     res = certify_attention(a, None, make_context("dev", seed=0, max_examples=2))
     assert {r.status for r in res.results} == {"not_applicable"}
     assert "CUDA" in res.results[0].message
+    assert res.verdict == "not_checked"  # nothing ran: never "certified"
+
+
+def test_cli_run_where_nothing_could_be_checked_is_exit_2(capsys, tmp_path):
+    from attnverify.cli import main
+
+    if not attention_builtins()["sdpa_cudnn"].unavailable:
+        pytest.skip("CUDA present: the cuDNN backend is available")
+    cert = tmp_path / "cert.json"
+    code = main(["certify", "--attention", "sdpa_cudnn", "--profile", "dev", "--quiet",
+                 "--json", str(cert)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "nothing could be checked" in err and err.count("\n") == 1
+    assert "NOT CHECKED" in out
+    assert json.loads(cert.read_text())["targets"][0]["verdict"] == "not_checked"
+    code = main(["certify", "--attention", "sdpa_cudnn,eager", "--profile", "dev", "--quiet",
+                 "--max-examples", "2"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and "sdpa_cudnn: NOT CHECKED" in out and "eager: CERTIFIED" in out
 
 
 @pytest.mark.slow

@@ -33,7 +33,7 @@ def run_certify(args) -> int:
     from attnverify.certify import make_context
     from attnverify.errors import UsageError
     from attnverify.registry import builtins, parse_params
-    from attnverify.xfails import apply_xfails, load_xfails
+    from attnverify.xfails import load_xfails
 
     targets = split(args.attention) + list(args.targets or [])
     if not targets:
@@ -59,16 +59,6 @@ def run_certify(args) -> int:
     progress = None if args.quiet else progress_line
     results = [certify_attention(s, claims, ctx, label=t, progress=progress)
                for t, s in zip(targets, specs)]
-    data = report.certificate(results, ctx)
-    exit_code = 1 if any(t["verdict"] == "failed" for t in data["targets"]) else 0
-    if xfails is not None:
-        exit_code = apply_xfails(data, xfails)
-    if args.json_path:
-        report.write_json(args.json_path, data)
-    if args.markdown_path:
-        report.write_atomic(args.markdown_path, report.markdown(data))
-    text = report.terminal_table(data)
-    if args.quiet:
-        text = "\n".join(line for line in text.splitlines() if line.startswith("verdict:"))
-    print(text)
-    return exit_code
+    from attnverify.commands import finish_certify
+
+    return finish_certify(args, report.certificate(results, ctx), xfails)
