@@ -218,3 +218,25 @@ def test_a_case_file_reproduces_like_the_inline_case(capsys, tmp_path):
     path.write_text(inline[-1])
     code = cli.main([*inline[1:-1], str(path)])
     assert code == 1 and "a masked key got weight nan" in capsys.readouterr().out
+
+
+def test_shrink_never_leaves_the_domain_by_masking_a_whole_row():
+    """A NaN-on-any-masked-key failure also fails on an all-masked row; the shrunk case must
+    still have a live key (a normalizer that does not claim fully_masked_row need not handle
+    one), unless the failing case itself had a fully masked row."""
+    from attnverify.checks.base import Violation
+    from attnverify.checks.shrink import shrink
+
+    def fails_on_any_masked_key(case):
+        if bool((case.scores == -math.inf).any()):
+            raise Violation("nan", observed=1, bound=0, ratio=math.inf)
+
+    z = torch.tensor([[0.5, -math.inf, 2.0]])
+    with pytest.raises(Violation) as first:
+        fails_on_any_masked_key(RowCase(z, None, "masked", 0))
+    small, _ = shrink(fails_on_any_masked_key, RowCase(z, None, "masked", 0), first.value)
+    assert sorted(small.scores.flatten().tolist()) == [-math.inf, 0.0]
+    all_masked = torch.full((2, 3), -math.inf)
+    small, _ = shrink(fails_on_any_masked_key, RowCase(all_masked, None, "fully_masked", 0),
+                      first.value)
+    assert small.scores.tolist() == [[-math.inf]]
