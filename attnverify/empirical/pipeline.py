@@ -55,8 +55,8 @@ def run(config: cfg.RunConfig) -> dict:
 
 
 #: Experiments whose numbers depend on what x_i is; rerun for each other ``--embeddings`` choice.
-#: ``convergence`` is left out: N up to L − 1 on 576-dimensional hidden states took over 20 min of
-#: one core per choice for SmolLM2 (the value vectors are 64-dimensional).
+#: ``convergence`` is left out: N up to L − 1 on d_model-dimensional hidden states or token
+#: embeddings (9× the width of SmolLM2's value vectors) costs more than all the others together.
 EMBEDDING_EXPERIMENTS = ("distance_vs_length", "distance_vs_topn", "separability",
                          "temperature", "coverage")
 
