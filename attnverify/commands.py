@@ -132,32 +132,8 @@ def _run_certify(args) -> int:
                           progress=None if args.quiet else _progress,
                           before_run=None if xfails is None else
                           (lambda ids: check_entries(xfails, ids)))
-    return finish_certify(args, report.certificate(results, ctx), xfails)
+    return report.finish_certify(args, report.certificate(results, ctx), xfails)
 
-
-def finish_certify(args, data: dict, xfails) -> int:
-    """Write and print a certify run's certificate; return its exit code: 1 when a claimed
-    property failed (after xfails), 2 when no target could be checked at all (every property of
-    every target not applicable here: nothing was certified), else 0."""
-    from attnverify import report
-    from attnverify.xfails import apply_xfails
-
-    exit_code = 1 if any(t["verdict"] == "failed" for t in data["targets"]) else 0
-    if xfails is not None:
-        exit_code = apply_xfails(data, xfails)
-    if args.json_path:
-        report.write_json(args.json_path, data)
-    if args.markdown_path:
-        report.write_atomic(args.markdown_path, report.markdown(data))
-    text = report.terminal_table(data)
-    if args.quiet:
-        text = "\n".join(line for line in text.splitlines() if line.startswith("verdict:"))
-    print(text)
-    unchecked = [t["target"] for t in data["targets"] if t["verdict"] == "not_checked"]
-    if unchecked and len(unchecked) == len(data["targets"]):
-        raise UsageError(f"nothing could be checked here: no property applies to "
-                         f"{', '.join(unchecked)} (the reasons are in the table)")
-    return exit_code
 
 
 def _progress(target: str, result) -> None:

@@ -17,7 +17,9 @@ import torch
 from attnverify.atomic import check_output_path, check_output_paths, write_text_atomic
 from attnverify.certify import TargetResult
 from attnverify.checks.base import Context
+from attnverify.errors import UsageError
 from attnverify.normalizers import fused
+from attnverify.xfails import apply_xfails
 
 SCHEMA_VERSION = 1
 
@@ -176,3 +178,25 @@ def markdown(data: dict[str, Any]) -> str:
                              else ""), "", "```", ce["repro"], "```"]
         lines.append("")
     return "\n".join(lines)
+
+
+def finish_certify(args, data: dict, xfails) -> int:
+    """Write and print a certify run's certificate; return its exit code: 1 when a claimed
+    property failed (after xfails), 2 when no target could be checked at all (every property of
+    every target not applicable here: nothing was certified), else 0."""
+    exit_code = 1 if any(t["verdict"] == "failed" for t in data["targets"]) else 0
+    if xfails is not None:
+        exit_code = apply_xfails(data, xfails)
+    if args.json_path:
+        write_json(args.json_path, data)
+    if args.markdown_path:
+        write_atomic(args.markdown_path, markdown(data))
+    text = terminal_table(data)
+    if args.quiet:
+        text = "\n".join(line for line in text.splitlines() if line.startswith("verdict:"))
+    print(text)
+    unchecked = [t["target"] for t in data["targets"] if t["verdict"] == "not_checked"]
+    if unchecked and len(unchecked) == len(data["targets"]):
+        raise UsageError(f"nothing could be checked here: no property applies to "
+                         f"{', '.join(unchecked)} (the reasons are in the table)")
+    return exit_code

@@ -59,6 +59,4 @@ def run_certify(args) -> int:
     progress = None if args.quiet else progress_line
     results = [certify_attention(s, claims, ctx, label=t, progress=progress)
                for t, s in zip(targets, specs)]
-    from attnverify.commands import finish_certify
-
-    return finish_certify(args, report.certificate(results, ctx), xfails)
+    return report.finish_certify(args, report.certificate(results, ctx), xfails)

@@ -20,8 +20,8 @@ a masking bug into an all-masked row, which a normalizer need not handle).
 
 The passes repeat while one makes progress, within :data:`MAX_CHECKS` re-checks (the budget that
 binds in practice, so the shrunk case is the same on every machine) and :data:`BUDGET_S` seconds
-(a safety net for slow normalizers). Cases with tensors tied to the keys other than the scores (embeddings)
-are returned unchanged.
+(a safety net for slow normalizers). Cases with tensors tied to the keys other than the scores
+(embeddings) are returned unchanged.
 """
 
 from __future__ import annotations
