@@ -290,3 +290,21 @@ def test_lifted_property_counterexample_reproduces_through_attnverify_repro(caps
     assert argv[:2] == ["attnverify", "repro"]
     assert main(argv[1:]) == 1
     assert "row sum 2" in capsys.readouterr().out
+
+
+def test_attention_repro_line_keeps_the_kernels_parameters(capsys):
+    """A repro re-checks the kernel with the parameters it was certified with, not defaults."""
+    import dataclasses
+    import shlex
+
+    from attnverify.attention import repro
+    from attnverify.attention.run import repro_line
+
+    a = dataclasses.replace(attention_builtins()["eager"], params={"window": 4})
+    line = repro_line(a, "attn_reference", {"seed": 1})
+    assert "--params" in line and json.loads(shlex.split(line)[-1]) == {"window": 4}
+    # the params reach the loader: eager has no 'window', so the re-check is a usage error
+    code = repro.main(shlex.split(line)[3:])
+    err = capsys.readouterr().err
+    assert code == 2 and "no parameter 'window'" in err
+    assert repro.main(["eager", "attn_reference", "{}", "--params", "[1]"]) == 2

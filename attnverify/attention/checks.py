@@ -7,6 +7,7 @@ raises :class:`Violation`. Outputs are compared with the float64 reference under
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -60,6 +61,7 @@ def reference(a, q, k, v, mask=None, causal=False, scale=None, gqa=False) -> tor
                  score_mod=a.score_mod, mod_params=_mod_params(a))
 
 
+@functools.cache
 def _reference_target(name: str):
     """The attention spec ``name`` names, or ``None`` when it is a normalizer id."""
     from attnverify.attention.loader import load_attention
@@ -225,7 +227,7 @@ def check_convex_hull(spec, case, ctx) -> float:
     live = allowed.any(-1)
     g = torch.Generator().manual_seed(int(case.recipe["seed"]) + 11)
     dirs = torch.cat([torch.eye(v.shape[-1], dtype=F64),
-                      torch.randn(8, v.shape[-1], generator=g, dtype=F64)])
+                      torch.randn(8, v.shape[-1], generator=g, dtype=F64)]).to(v.device)
     proj_v = v @ dirs.T  # [B, H, L_k, n]
     proj_o = out @ dirs.T  # [B, H, L_q, n]
     big = allowed[..., None]
@@ -316,7 +318,7 @@ def check_gradients(spec, case, ctx) -> float:
     leaves = [t.detach().clone().requires_grad_(True) for t in (case.q, case.k, case.v)]
     ref_leaves = [t.detach().to(F64).clone().requires_grad_(True) for t in leaves]
     out = run(a, *leaves, case.attn_mask, case.is_causal, case.scale, case.enable_gqa)
-    cot = torch.randn(out.shape, generator=g, dtype=F64)
+    cot = torch.randn(out.shape, generator=g, dtype=F64).to(out.device)
     try:
         grads = torch.autograd.grad((out * cot.to(out.dtype)).sum(), leaves, allow_unused=True)
     except Exception as exc:  # noqa: BLE001

@@ -29,9 +29,10 @@ def load_attention(target: str, params: Mapping[str, Any] | None = None) -> Atte
     spec = dataclasses.replace(spec, target=target)
     if params:
         unknown = sorted(set(params) - set(spec.params) - {"enable_gqa"})
-        if unknown and not _takes(spec.fn, unknown[0]):
+        bad = [name for name in unknown if not _takes(spec.fn, name)]
+        if bad:
             known = ", ".join(sorted(spec.params)) or "none"
-            raise UsageError(f"attention target {spec.id!r} has no parameter {unknown[0]!r} "
+            raise UsageError(f"attention target {spec.id!r} has no parameter {bad[0]!r} "
                              f"(parameters: {known})")
         spec = spec.with_params(**params)
     return spec

@@ -1,6 +1,7 @@
 """Re-check one attention property on the exact case of a recipe (the repro of certify)::
 
-    python -m attnverify.attention.repro TARGET PROPERTY '{"b": 1, …, "seed": 5}' [--reference R]
+    python -m attnverify.attention.repro TARGET PROPERTY '{"b": 1, …, "seed": 5}' \
+        [--reference R] [--params JSON]
 
 Exit 1 with the violation while the kernel fails there (or raises), 0 once it holds, 2 for bad
 input (one line, no traceback).
@@ -13,7 +14,8 @@ import json
 import sys
 
 
-def recheck(target: str, prop_id: str, recipe: dict, reference: str = "") -> int:
+def recheck(target: str, prop_id: str, recipe: dict, reference: str = "",
+            params: dict | None = None) -> int:
     import dataclasses
 
     from attnverify.attention import cases
@@ -27,7 +29,7 @@ def recheck(target: str, prop_id: str, recipe: dict, reference: str = "") -> int
     if prop_id not in ATTENTION_PROPERTIES:
         known = ", ".join(ATTENTION_PROPERTIES)
         raise UsageError(f"unknown attention property {prop_id!r} ({known})")
-    a = load_attention(target)
+    a = load_attention(target, params or None)
     if reference:
         a = dataclasses.replace(a, reference=reference)
     try:
@@ -55,14 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("property")
     p.add_argument("recipe", help="the counterexample's recipe, as JSON")
     p.add_argument("--reference", default="")
+    p.add_argument("--params", default="{}", help="the kernel's parameters, as JSON")
     args = p.parse_args(argv)
     try:
-        recipe = json.loads(args.recipe)
-        if not isinstance(recipe, dict):
-            raise UsageError("the recipe must be a JSON object")
-        return recheck(args.target, args.property, recipe, args.reference)
+        recipe, params = json.loads(args.recipe), json.loads(args.params)
+        if not isinstance(recipe, dict) or not isinstance(params, dict):
+            raise UsageError("the recipe and --params must be JSON objects")
+        return recheck(args.target, args.property, recipe, args.reference, params)
     except json.JSONDecodeError as exc:
-        print(f"attnverify: error: the recipe is not JSON ({exc})", file=sys.stderr)
+        print(f"attnverify: error: the recipe or --params is not JSON ({exc})", file=sys.stderr)
         return 2
     except UsageError as exc:
         print(f"attnverify: error: {exc}", file=sys.stderr)

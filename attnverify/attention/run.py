@@ -143,8 +143,10 @@ def repro_line(a: AttentionSpec, prop_id: str, recipe: dict) -> str:
     """``python -m attnverify.attention.repro TARGET PROPERTY RECIPE``: exit 1 while it fails."""
     target = a.target or a.id
     ref = f" --reference {shlex.quote(a.reference)}" if a.reference else ""
+    params = (f" --params {shlex.quote(json.dumps(a.params, sort_keys=True))}"
+              if a.params else "")
     return (f"python -m attnverify.attention.repro {shlex.quote(target)} {prop_id} "
-            f"{shlex.quote(json.dumps(recipe, sort_keys=True))}{ref}")
+            f"{shlex.quote(json.dumps(recipe, sort_keys=True))}{ref}{params}")
 
 
 def progress_line(target: str, result) -> None:

@@ -55,8 +55,7 @@ def plan(key: tuple):
 
     targets, claims, params, profile, seed, max_examples, dtypes, device, reference = key
     ctx = make_context(profile, dtypes=dtypes, device=device or "cpu",
-                       max_examples=int(max_examples) if max_examples else None,
-                       seed=int(seed or 0))
+                       max_examples=max_examples or None, seed=seed or 0)
     chosen = None if claims is None else split(claims)
     out = []
     for name in split(targets):
