@@ -325,19 +325,6 @@ def _power(lin: Linearization, v0: Tensor, steps: int, tol: float):
 # Entry-wise norms, by blocks of columns
 
 
-def jacobian_blocks(f: RowMap, z: Tensor, *, block: int | None = None) -> Iterator[Tensor]:
-    """Column blocks ``J[..., :, c0:c0+k]`` (``[..., L, k]``) of every row's Jacobian, in order.
-
-    Row-wise ``f`` lets ``k`` columns of ``R`` rows be one call: the rows are repeated ``k``
-    times and copy ``j`` gets the tangent ``e_{c0+j}``. ``block`` defaults to what keeps the
-    tangent batch under :data:`BLOCK_ELEMENTS`; memory stays ``O(k·R·L)``. Forward mode when
-    ``f`` has it; otherwise (a classic ``autograd.Function``) the blocks are ``L × k`` slices of
-    :func:`_reverse_row_blocks` transposed, i.e. the same columns from reverse mode.
-    """
-    for J, axis in _blocks(f, z, block):
-        yield J if axis == -1 else J.transpose(-2, -1)
-
-
 def _blocks(f: RowMap, z: Tensor, block: int | None) -> Iterator[tuple[Tensor, int]]:
     """Column blocks (axis ``-1``) by forward mode, or row blocks (axis ``-2``) by reverse mode."""
     shape, length = z.shape[:-1], z.shape[-1]
@@ -383,7 +370,7 @@ class EntrywiseNorms(NamedTuple):
 def entrywise_norms(f: RowMap, z: Tensor, *, block: int | None = None) -> EntrywiseNorms:
     """``max |J_ik|``, ``‖J‖_F`` and ``Σ|J_ik|`` per row in one pass over column blocks.
 
-    Memory is one block (see :func:`jacobian_blocks`), never the full ``L × L`` matrix.
+    Memory is one block (see :func:`_blocks`), never the full ``L × L`` matrix.
     """
     top = squares = total = None
     for J, _ in _blocks(f, z, block):

@@ -120,7 +120,9 @@ def apply_xfails(data: dict[str, Any], entries: list[str], warn=None) -> int:
                 r["xfail"] = True
             elif failing:
                 target_failed = True
-        target["verdict_with_xfails"] = "failed" if target_failed else "certified"
+        target["verdict_with_xfails"] = ("failed" if target_failed else
+                                         "not_checked" if target["verdict"] == "not_checked"
+                                         else "certified")
         unexpected |= target_failed
     for entry, statuses in used.items():
         if not statuses:

@@ -227,6 +227,14 @@ def test_cli_run_where_nothing_could_be_checked_is_exit_2(capsys, tmp_path):
                  "--max-examples", "2"])
     out, _ = capsys.readouterr()
     assert code == 0 and "sdpa_cudnn: NOT CHECKED" in out and "eager: CERTIFIED" in out
+    xfails = tmp_path / "xfails.txt"
+    xfails.write_text("eager::attn_gradients\n")
+    main(["certify", "--attention", "sdpa_cudnn,eager", "--profile", "dev", "--quiet",
+          "--max-examples", "2", "--xfails", str(xfails), "--json", str(cert)])
+    capsys.readouterr()
+    verdicts = {t["target"]: t["verdict_with_xfails"]
+                for t in json.loads(cert.read_text())["targets"]}
+    assert verdicts == {"sdpa_cudnn": "not_checked", "eager": "certified"}
 
 
 @pytest.mark.slow
