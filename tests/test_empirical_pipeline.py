@@ -338,3 +338,26 @@ def test_docs_timing_table_names_every_paper_experiment_and_table1_figure():
     for name in PAPER_TABLE1_SECONDS:
         assert f"`{name}`" in body, f"{name} missing from docs/empirical/README.md"
     assert "17 h 4 min" in body and "python -m attnverify.empirical" in body
+
+
+def test_report_command_puts_settings_without_a_flag_in_a_comment(tmp_path):
+    """A setting with no flag (or a temperature grid --temperature-points cannot rebuild) goes
+    into a trailing comment, never into the arguments, so the command still parses."""
+    import dataclasses
+    import shlex
+
+    from attnverify.empirical import config as cfg
+    from attnverify.empirical.pipeline import _NO_FLAG, command_line
+
+    config = cfg.RunConfig(model="tiny-gpt2-random", out=tmp_path)
+    config = dataclasses.replace(config, temperatures=(0.1, 1.0),
+                                 **{sorted(_NO_FLAG)[0]: 7})
+    line = command_line(config)
+    args, _, comment = line.partition("  # ")
+    assert "temperatures=(0.1, 1.0)" in comment and f"{sorted(_NO_FLAG)[0]}=7" in comment
+    assert "--temperature-points" not in args and "#" not in args
+    parser = cli.argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    parser.parse_args(shlex.split(args)[3:])
+    grid = dataclasses.replace(config, temperatures=cfg.log_grid(1e-3, 10.0, 5))
+    assert "--temperature-points 5" in command_line(grid)

@@ -603,7 +603,8 @@ def collapse_dagpam(result: dict) -> list[dict]:
         layer = 1 if arch == "pure" else len(soft) - 1
         one = {n: d for n, d in kinds.items() if n != "softmax" and d.get("lambda") is not None}
         apart = {n: d for n, d in kinds.items() if n != "softmax" and d.get("lambda") is None}
-        slower = all(d["residual"][layer] > soft[layer] for d in one.values())
+        slower = (all(d["residual"][layer] > soft[layer] for d in one.values())
+                  if one else None)  # nothing scored is not agreement
         parts = "; ".join(f"{_lam(d)}: {_fmt(d['residual'][layer])}" for d in one.values())
         extra = "; ".join(f"{_lam(d)}: {_fmt(d['residual'][layer])}" for d in apart.values())
         rows.append(_row(
@@ -625,8 +626,9 @@ def dagpam_gradients(result: dict) -> list[dict]:
         others = [d for n, d in kinds.items() if n != "softmax"]
         parts = [f"{_lam(d)}: {_fmt(min(d['grad_q']))} (output rms {_fmt(d['rms'][-1])})"
                  for d in others]
-        larger = all(min(d["grad_q"]) > min(soft["grad_q"]) for d in others
-                     if d.get("lambda") is not None)
+        scored = [d for d in others if d.get("lambda") is not None]
+        larger = (all(min(d["grad_q"]) > min(soft["grad_q"]) for d in scored)
+                  if scored else None)
         rows.append(_row(
             f"Paper B: daGPAM eases gradient vanishing (query-weight gradients at "
             f"initialisation, {arch} stack)",
@@ -648,8 +650,8 @@ def training_gradients(result: dict) -> dict:
 
     parts = [f"{name} {_fmt(weakest(h))} (final loss {_fmt(h['loss'][-1])})"
              for name, h in kinds.items() if name != "softmax"]
-    larger = all(weakest(h) > weakest(soft) for n, h in kinds.items()
-                 if n != "softmax" and h["lambda_pos"] == h["lambda_neg"])
+    scored = [h for n, h in kinds.items() if n != "softmax" and h["lambda_pos"] == h["lambda_neg"]]
+    larger = all(weakest(h) > weakest(soft) for h in scored) if scored else None
     return _row(
         "Paper B: daGPAM eases gradient vanishing during training (gradient histories)",
         "larger gradients than softmax through training",

@@ -283,6 +283,7 @@ def command_line(config: cfg.RunConfig) -> str:
 
     base = cfg.RunConfig(model=config.model)
     parts = ["python", "-m", "attnverify.empirical", "--model", config.model]
+    notes: list[str] = []
     if config.text is not None:
         parts += ["--text", str(config.text)]
     if config.experiments != base.experiments:
@@ -297,16 +298,17 @@ def command_line(config: cfg.RunConfig) -> str:
         if name in ("model", "normalizers", "embeddings", "embedding_variants") or \
                 value == default or value is None:
             continue
-        if name == "temperatures":
+        if name == "temperatures" and value == cfg.log_grid(1e-3, 10.0, len(value)):
             parts += ["--temperature-points", str(len(value))]
-        elif name in _NO_FLAG:
-            parts += [f"# {name}={value!r} (no flag)"]
+        elif name == "temperatures" or name in _NO_FLAG:
+            notes.append(f"{name}={value!r} (no flag)")
         else:
             shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) \
                 if isinstance(value, tuple) else str(value)
             parts += [f"--{name.replace('_', '-')}", shown]
     parts += ["--out", str(config.out)]
-    return shlex.join(parts)
+    # settings with no flag go in a trailing shell comment, not into the arguments
+    return shlex.join(parts) + (f"  # {'; '.join(notes)}" if notes else "")
 
 
 def _without(result: dict, failed: dict) -> dict:

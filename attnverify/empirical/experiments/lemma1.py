@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from attnverify.bounds.lemma1 import lemma1_weight_bounds
 from attnverify.empirical.experiments.context import Context, quantiles, window_medians
 from attnverify.empirical.separation import row_entropy
 
@@ -40,8 +41,8 @@ def row_statistics(logits: torch.Tensor):
     top = alpha.amax(-1)
     bottom = alpha.masked_fill(~valid, float("inf")).amin(-1)
     slack = 1e-5  # float32 rounding of the weights, relative
-    upper = torch.exp(spread) / keys
-    lower = torch.exp(-spread) / keys
+    # softmax's F = exp: max F / min F over the row's logits is e^(spread)
+    lower, upper = lemma1_weight_bounds(1.0, torch.exp(spread), keys)
     bad = (top > upper * (1 + slack)) | (bottom < lower * (1 - slack))
     entropy = row_entropy(alpha, valid) / torch.log(keys)
     return top, entropy, spread, bad
