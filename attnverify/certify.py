@@ -292,6 +292,14 @@ def _exact_and_minimal(prop: Property, spec, ctx, case, exc):
     return case, exc, False
 
 
+def repro_for(spec: NormalizerSpec, case_json: dict, prop_id: str) -> str:
+    """The ``attnverify repro`` line that re-checks ``prop_id`` on ``case_json`` (with the
+    spec's reference when it names one)."""
+    reference = getattr(spec, "reference", None)
+    return repro_command(spec.target or spec.id, case_json, property=prop_id,
+                         reference=reference if isinstance(reference, str) else None)
+
+
 def _finish(prop, claimed, status, state, start, message, violation, spec, ctx) -> PropertyResult:
     worst = state.worst
     counterexample = None
@@ -306,10 +314,7 @@ def _finish(prop, claimed, status, state, start, message, violation, spec, ctx) 
             }))
         if not state.reproduces:
             counterexample["reproduces"] = False
-        reference = getattr(spec, "reference", None)
-        counterexample["repro"] = repro_command(
-            spec.target or spec.id, case_json, property=prop.id,
-            reference=reference if isinstance(reference, str) else None)
+        counterexample["repro"] = repro_for(spec, case_json, prop.id)
     return PropertyResult(
         property=prop.id,
         claimed=claimed,

@@ -312,9 +312,7 @@ def _job_certify_case(target: str, params: dict, claims, ctx, prop_id: str, exam
             return {}
         out = certify.describe_case(hit.case, spec)
         try:
-            from attnverify.serialize import repro_command
-
-            out["repro"] = repro_command(spec.target or spec.id, dict(out), property=prop_id)
+            out["repro"] = certify.repro_for(spec, dict(out), prop_id)
         except Exception:  # noqa: BLE001 - the description stands without a repro line
             pass
         return out
