@@ -8,6 +8,7 @@ that raises is a result with status ``error``, never a crash of the suite.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -21,9 +22,9 @@ from hypothesis import given
 
 from attnverify import heartbeat
 from attnverify.checks import PROPERTIES, Property, Violation, properties_for
-from attnverify.checks.base import Context, NormalizerError, positive_temperature
+from attnverify.checks.base import Context, NormalizerError, monitor_of, positive_temperature
 from attnverify.checks.shrink import shrink
-from attnverify.errors import UsageError
+from attnverify.errors import UsageError, WorkerFailed
 from attnverify.registry import NormalizerSpec
 from attnverify.runconfig import (  # noqa: F401 - re-exported: the run configuration's home
     DTYPES,
@@ -63,6 +64,13 @@ class TargetResult:
     params: dict[str, Any] = field(default_factory=dict)
     #: What ``matches_reference`` compared with (``None``: no reference).
     reference: str | None = None
+    #: Where the reference ran: ``"checker"`` (attnverify's formula, a built-in, ``--reference``)
+    #: or ``"target"`` (declared by the target's own module: code under test, run in its worker).
+    reference_owner: str | None = None
+    #: The process ids of the worker processes the target ran in (none: in the checker's own).
+    worker_pids: list[int] = field(default_factory=list)
+    #: What the worker reported of its runtime (``softmax_kernel``); not written per target.
+    runtime: dict[str, Any] = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -82,6 +90,8 @@ class TargetResult:
             "claims": list(self.claims),
             "params": {k: jsonable(v) for k, v in self.params.items()},
             "reference": self.reference,
+            "reference_owner": self.reference_owner,
+            "worker_pids": list(self.worker_pids),
             "verdict": self.verdict,
             "results": [r.to_json() for r in self.results],
         }
@@ -157,17 +167,21 @@ def certify_target(
     ``skip``, by id)."""
     ctx = ctx or make_context()
     spec, props = plan(spec, claims, ctx)
-    from attnverify.checks.reference import reference_label
+    from attnverify.checks.reference import reference_label, reference_owner
 
     result = TargetResult(target=label or spec.id, claims=list(spec.claims),
-                          params=dict(spec.params), reference=reference_label(spec))
+                          params=dict(spec.params), reference=reference_label(spec),
+                          reference_owner=reference_owner(spec))
+    monitor = monitor_of(spec)
     for prop in props:
         if prop.id in skip:
             continue
-        heartbeat.property_started(prop.id)  # tells a watching parent (no-op in-process)
         result.results.append(run_property(prop, spec, ctx, claimed=True))
         if progress is not None:
             progress(result.target, result.results[-1])
+    if monitor is not None:
+        result.worker_pids = list(dict.fromkeys(monitor.pids))
+    result.runtime = dict(getattr(spec.fn, "runtime", None) or {})
     return result
 
 
@@ -189,12 +203,52 @@ def run_property(
 ) -> PropertyResult:
     """Run one property: the adversarial battery first, then Hypothesis; never raises for the
     normalizer's faults. A failure is reported on the smallest failing case found (the
-    battery's, or Hypothesis's shrunk one)."""
+    battery's, or Hypothesis's shrunk one). A worker that dies, hangs or breaks the protocol
+    (:class:`~attnverify.errors.WorkerFailed`) ends the property at once with the case in
+    flight; an output refused at the process boundary fails it even where a check swallowed the
+    refusal."""
     start = time.perf_counter()
+    state = _State()
+    monitor = monitor_of(spec)
+    mark = len(monitor.refused) if monitor is not None else 0
+    try:
+        with checker_threads(monitor is not None and getattr(ctx, "isolation", True)):
+            result = _run_property(prop, spec, ctx, claimed, state, start)
+    except WorkerFailed as exc:
+        where = f" on example {state.examples}" if state.examples else ""
+        return _finish(prop, claimed, "error", state, start,
+                       f"the normalizer {exc.reason}{where}", None, spec, ctx)
+    if monitor is not None and result.status in ("holds", "not_applicable"):
+        refused = monitor.refused[mark:]
+        if refused:
+            event = refused[0]
+            state.last = event.case if event.case is not None else state.last
+            return _finish(prop, claimed, "violated", state, start,
+                           f"the output was refused at the process boundary: {event.what}",
+                           None, spec, ctx)
+    return result
+
+
+@contextlib.contextmanager
+def checker_threads(single: bool):
+    """One intra-op thread for the checks while the target runs in a worker process: the checks
+    make many small tensor operations, whose parallel regions cost more in thread wake-ups than
+    they save on a shared CPU, and the checker and the worker take turns anyway. Restored
+    afterwards (the plugin runs inside a user's pytest process)."""
+    before = torch.get_num_threads()
+    if single and before != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
     reason = prop.applies(spec, ctx)
     if reason:
         return PropertyResult(prop.id, claimed, "not_applicable", message=reason)
-    state = _State()
     failures: list[tuple[Any, BaseException]] = []
     for case in prop.explicit(spec, ctx):
         try:
@@ -273,16 +327,25 @@ def _exact_and_minimal(prop: Property, spec, ctx, case, exc):
     if not isinstance(exc, (Violation, NormalizerError)):
         return case, exc, True
 
+    stopped: list[WorkerFailed] = []
+
     def recheck(candidate):
+        if stopped:  # the worker died or hung on a candidate: shrink no further
+            raise _ShrinkStopped()
         heartbeat.example_started(candidate)  # shrinking runs under the same time limit
         try:
             return prop.recheck(spec, candidate, ctx)
+        except WorkerFailed as failed:
+            stopped.append(failed)
+            raise _ShrinkStopped() from None
         finally:
             heartbeat.example_finished()
 
     small, small_exc = shrink(recheck, case, exc, vary_temperature=ctx.temperature is None)
     if small_exc is not exc:
         return small, small_exc, True
+    if stopped:
+        return case, exc, False
     try:  # nothing smaller failed: confirm that the repro fails on the case itself
         recheck(case)
     except (Violation, NormalizerError) as again:
@@ -292,12 +355,17 @@ def _exact_and_minimal(prop: Property, spec, ctx, case, exc):
     return case, exc, False
 
 
-def repro_for(spec: NormalizerSpec, case_json: dict, prop_id: str) -> str:
+class _ShrinkStopped(Exception):
+    """A shrinking step met a dead or hung worker: that candidate does not count."""
+
+
+def repro_for(spec: NormalizerSpec, case_json: dict, prop_id: str, seed: int = 0) -> str:
     """The ``attnverify repro`` line that re-checks ``prop_id`` on ``case_json`` (with the
-    spec's reference when it names one)."""
+    spec's reference when it names one, and the run's seed)."""
     reference = getattr(spec, "reference", None)
     return repro_command(spec.target or spec.id, case_json, property=prop_id,
-                         reference=reference if isinstance(reference, str) else None)
+                         reference=reference if isinstance(reference, str) else None,
+                         seed=seed)
 
 
 def _finish(prop, claimed, status, state, start, message, violation, spec, ctx) -> PropertyResult:
@@ -314,7 +382,7 @@ def _finish(prop, claimed, status, state, start, message, violation, spec, ctx) 
             }))
         if not state.reproduces:
             counterexample["reproduces"] = False
-        counterexample["repro"] = repro_for(spec, case_json, prop.id)
+        counterexample["repro"] = repro_for(spec, case_json, prop.id, seed=ctx.seed)
     return PropertyResult(
         property=prop.id,
         claimed=claimed,

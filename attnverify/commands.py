@@ -11,7 +11,7 @@ import re
 import sys
 
 from attnverify.errors import UsageError
-from attnverify.runconfig import MAX_EXAMPLES_LIMIT, PROFILE_NAMES, PROFILES
+from attnverify.runconfig import MAX_EXAMPLES_LIMIT, PROFILE_NAMES, PROFILES, context_from_args
 
 PROFILE_CHOICES = PROFILE_NAMES
 _TIMEOUTS = ", ".join(f"{name} {limits['timeout_s']} s" for name, limits in PROFILES.items())
@@ -45,9 +45,12 @@ def _positive_int(text: str) -> int:
     return _argument_type(check_max_examples)(value)
 
 
-def _seed(text: str) -> int:
-    from attnverify.runconfig import check_seed
+def _seed(text: str):
+    """``--seed``: an integer 0…2**64−1, or ``random`` (a fresh seed drawn for this run)."""
+    from attnverify.runconfig import RANDOM_SEED, check_seed
 
+    if text.strip().lower() == RANDOM_SEED:
+        return RANDOM_SEED
     return _argument_type(check_seed)(text)
 
 
@@ -65,13 +68,15 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
                    help=f"examples per property, 1 to {MAX_EXAMPLES_LIMIT} (overrides the "
                    "profile)")
     p.add_argument("--seed", type=_seed, default=0, help="seed of the search, 0 to 2**64-1 "
-                   "(default 0)")
+                   "(default 0), or 'random': a fresh seed, recorded in the results and in every "
+                   "repro line")
     p.add_argument("--timeout", type=_timeout, default=None, metavar="SECONDS",
                    help="per-example time limit of the worker process (default per profile: "
                    f"{_TIMEOUTS}); an example that runs longer fails its property")
     p.add_argument("--no-isolation", action="store_true",
-                   help="run the target in this process (debugging: no time limit, and a target "
-                   "that exits ends the run; also ATTNVERIFY_ISOLATION=0)")
+                   help="load the target in this process (debugging: no process boundary, no "
+                   "time limit, and a target that exits ends the run; also "
+                   "ATTNVERIFY_ISOLATION=0); the certificate records it")
 
 
 # --------------------------------------------------------------------------------------------
@@ -109,15 +114,12 @@ def _run_certify(args) -> int:
 
         return run_attention(args)
     from attnverify import report
-    from attnverify.certify import make_context
     from attnverify.isolation import certify_all
     from attnverify.registry import builtin_ids, parse_params
     from attnverify.xfails import check_entries, load_xfails
 
     # every option checked here, before any work (loading the targets comes next)
-    ctx = make_context(args.profile, dtypes=args.dtypes, device=args.device,
-                       max_examples=args.max_examples, seed=args.seed, timeout=args.timeout,
-                       isolation=False if args.no_isolation else None)
+    ctx = context_from_args(args)  # attnverify.runconfig
     report.check_outputs(json=args.json_path, markdown=args.markdown_path)
     params = parse_params(args.params)
     from attnverify.certify import fix_reference, fix_temperature
@@ -222,6 +224,12 @@ def _repro_args(p: argparse.ArgumentParser) -> None:
                    "the case's)")
     p.add_argument("--reference", default=None, metavar="REF",
                    help="the reference target of matches_reference, as certify was given it")
+    p.add_argument("--seed", type=_seed, default=0, help="the seed of the run that printed the "
+                   "repro line (as certify was given it)")
+    p.add_argument("--timeout", type=_timeout, default=None, metavar="SECONDS",
+                   help="time limit of the worker process (default: the ci profile's)")
+    p.add_argument("--no-isolation", action="store_true",
+                   help="load the target in this process (debugging)")
 
 
 def _run_repro(args) -> int:

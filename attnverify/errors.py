@@ -10,3 +10,14 @@ class UsageError(Exception):
 
 class TargetError(UsageError):
     """A normalizer target could not be resolved or is not usable."""
+
+
+class WorkerFailed(BaseException):
+    """The worker process running the code under test died, hung past the time limit or broke
+    the worker protocol (:mod:`attnverify.remote`). A ``BaseException``, so that no search
+    (Hypothesis included) retries or shrinks it: the property that was running fails at once
+    with the case in flight, and the next call starts a fresh worker."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason

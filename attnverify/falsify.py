@@ -344,7 +344,7 @@ def run_falsify_command(args, isolated=None) -> int:
 
     ctx = fix_temperature(ctx, params)  # a bad temperature is exit 2, before any work
     parse_inequality(args.inequality, QUANTITIES)  # a usage error before any work
-    if ctx.isolation and isolated is not None:  # loaded and searched in a worker process
+    if isolated is not None:  # loaded in a worker process (in this one under --no-isolation)
         res = isolated(args.target, params, args.inequality, ctx)
         if isinstance(res, tuple):
             print(_stopped(*res))

@@ -98,19 +98,13 @@ def pytest_configure(config):
 
 
 def _validate(config, target: str) -> None:
-    """Bad targets, parameters or claims stop pytest with a one-line usage error (exit 4)."""
-    from attnverify.certify import resolve_claims
+    """Bad targets, parameters or claims stop pytest with a one-line usage error (exit 4). The
+    targets load in worker processes (the suite's own loading, cached for this process)."""
     from attnverify.errors import UsageError
-    from attnverify.registry import load_target, parse_params
+    from attnverify.properties.test_properties import _key, _load
 
-    claims = option(config, "claims")
-    chosen = None if claims is None else [c.strip() for c in claims.split(",") if c.strip()]
     try:
-        for name in target.split(","):
-            resolve_claims(load_target(name.strip(), parse_params(option(config, "params"))),
-                           chosen)
-        if option(config, "reference"):
-            load_target(option(config, "reference"))
+        _load(_key(config))
         from attnverify.atomic import check_output_paths
 
         check_output_paths({"--attnverify-json": option(config, "json"),
@@ -144,9 +138,10 @@ def pytest_sessionfinish(session, exitstatus):
     json_path, md_path = option(config, "json"), option(config, "markdown")
     if not (json_path or md_path) or not _COLLECTED:
         return
-    from attnverify import report
+    from attnverify import remote, report
     from attnverify.properties.test_properties import certificate_from_records
 
+    remote.shutdown()  # no process of the code under test outlives the run's results
     data = certificate_from_records(config, _COLLECTED)
     if json_path:
         report.write_json(json_path, data)

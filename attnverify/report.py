@@ -7,6 +7,7 @@ file in the same directory, then ``os.replace``), so a partial file never replac
 from __future__ import annotations
 
 import json
+import os
 import platform
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,7 +19,6 @@ from attnverify.atomic import check_output_path, check_output_paths, write_text_
 from attnverify.certify import TargetResult
 from attnverify.checks.base import Context
 from attnverify.errors import UsageError
-from attnverify.normalizers import fused
 from attnverify.xfails import apply_xfails
 
 SCHEMA_VERSION = 1
@@ -27,6 +27,8 @@ SCHEMA_VERSION = 1
 def certificate(targets: Iterable[TargetResult], ctx: Context) -> dict[str, Any]:
     from attnverify import __version__
 
+    targets = list(targets)
+    isolated = bool(getattr(ctx, "isolation", False))
     return {
         "schema_version": SCHEMA_VERSION,
         "attnverify_version": __version__,
@@ -34,14 +36,22 @@ def certificate(targets: Iterable[TargetResult], ctx: Context) -> dict[str, Any]
         "device": ctx.device,
         "profile": ctx.profile,
         "seed": ctx.seed,
+        # "random": drawn for this run (--seed random); "fixed": given or the default
+        "seed_source": getattr(ctx, "seed_source", "fixed"),
         "dtypes": [str(d).removeprefix("torch.") for d in ctx.dtypes],
         "max_examples": ctx.max_examples,
         # per-example time limit (s) and whether targets ran in a worker process (isolation.py)
         "timeout_s": getattr(ctx, "timeout_s", None),
-        "isolation": bool(getattr(ctx, "isolation", False)),
+        "isolation": isolated,
+        # "process": every target ran in a worker process of its own, the checks here (the
+        # checker, checker_pid); "in-process": --no-isolation, the target ran in the checker
+        "isolation_mode": "process" if isolated else "in-process",
+        "checker_pid": os.getpid(),
         "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
-        # whether softmax_fused ran its CPU kernel (or softmax's torch path), and which ISA
-        "softmax_kernel": fused.status(),
+        # whether softmax_fused ran its CPU kernel (or softmax's torch path), and which ISA, as
+        # the worker that loaded the targets reports it
+        "softmax_kernel": next((t.runtime.get("softmax_kernel") for t in targets
+                                if t.runtime.get("softmax_kernel")), None),
         "targets": [t.to_json() for t in targets],
     }
 
@@ -157,7 +167,7 @@ def markdown(data: dict[str, Any]) -> str:
         f"dtypes {', '.join(data.get('dtypes', []))}.",
         "",
     ]
-    if "softmax_kernel" in data:
+    if data.get("softmax_kernel"):
         lines += [f"softmax_fused kernel: {data['softmax_kernel']}.", ""]
     for target in data["targets"]:
         lines += [f"## `{target['target']}` — {target['verdict']}", ""]

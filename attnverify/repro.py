@@ -34,8 +34,11 @@ def _params(data: dict[str, Any], text: str | None) -> dict[str, Any]:
 
 
 def run_repro_command(args) -> int:
+    from attnverify import remote
     from attnverify.checks.base import positive_temperature
+    from attnverify.errors import WorkerFailed
     from attnverify.registry import load_target
+    from attnverify.runconfig import PROFILES, make_context
 
     if (args.property is None) == (args.inequality is None):
         raise UsageError("repro needs exactly one of --property ID or --inequality \"LHS <= RHS\"")
@@ -43,26 +46,42 @@ def run_repro_command(args) -> int:
     params = _params(data, args.params)
     if "temperature" in params:
         positive_temperature(params["temperature"])
-    spec = load_target(args.target, params)
-    if getattr(args, "reference", None):
-        load_target(args.reference)  # a bad reference is a usage error
-        spec = spec.with_reference(args.reference.strip())
     if args.property is not None:
-        return _property(args.target, spec, args.property, data)
-    return _inequality(args.target, spec, args.inequality, data, params)
+        _property_id(args.property)
+    timeout = getattr(args, "timeout", None) or PROFILES["ci"]["timeout_s"]
+    ctx = make_context("dev", seed=getattr(args, "seed", 0), timeout=timeout,
+                       isolation=False if getattr(args, "no_isolation", False) else None)
+    if getattr(args, "reference", None):
+        load_target(args.reference)  # a bad reference is a usage error (the user's own: here)
+    try:
+        spec = remote.open_normalizer(args.target, params, ctx)
+        if getattr(args, "reference", None):
+            spec = spec.with_reference(args.reference.strip())
+        if args.property is not None:
+            return _property(args.target, spec, args.property, data, ctx)
+        return _inequality(args.target, spec, args.inequality, data, params)
+    except (WorkerFailed, remote.TargetRaised) as exc:
+        what = getattr(exc, "reason", None) or f"raised {getattr(exc, 'remote_type', '')}: {exc}"
+        print(f"ERROR: {args.target}: the normalizer {what}")
+        return 1
+    finally:
+        remote.shutdown()
 
 
-def _property(target: str, spec, prop_id: str, data: dict[str, Any]) -> int:
-    from attnverify.certify import make_context
+def _property_id(prop_id: str) -> None:
     from attnverify.checks import PROPERTIES
-    from attnverify.checks.base import NormalizerError, Violation
-    from attnverify.checks.cases import CASE_TYPES
 
     if prop_id not in PROPERTIES:
         raise UsageError(f"unknown property id {prop_id!r}: run 'attnverify properties' for "
                          "the list")
+
+
+def _property(target: str, spec, prop_id: str, data: dict[str, Any], ctx) -> int:
+    from attnverify.checks import PROPERTIES
+    from attnverify.checks.base import NormalizerError, Violation
+    from attnverify.checks.cases import CASE_TYPES
+
     case = decode_case(data, CASE_TYPES)
-    ctx = make_context("dev")
     label = f"{target}::{prop_id}"
     try:
         ratio = PROPERTIES[prop_id].recheck(spec, case, ctx)

@@ -36,6 +36,8 @@ DEFAULT_PROFILE = "ci"
 MAX_EXAMPLES_LIMIT = 100_000
 MAX_TIMEOUT_S = 86_400.0
 MAX_SEED = 2**64 - 1
+#: ``--seed random``: a fresh seed drawn for the run (and recorded wherever the seed is).
+RANDOM_SEED = "random"
 
 DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
 DEVICES = ("cpu", "cuda")
@@ -72,6 +74,9 @@ def _run_context() -> type:
 
         timeout_s: float = float(PROFILES[DEFAULT_PROFILE]["timeout_s"])
         isolation: bool = True
+        #: ``"fixed"`` (given or the default) or ``"random"`` (drawn for this run by
+        #: ``--seed random``).
+        seed_source: str = "fixed"
 
     RunContext.__module__, RunContext.__qualname__ = __name__, "RunContext"
     return RunContext
@@ -123,15 +128,31 @@ def make_context(
         limits["max_examples"] = check_max_examples(max_examples)
     if timeout is not None:
         timeout_s = check_timeout(timeout)
+    seed_source = "fixed"
+    if isinstance(seed, str) and seed.strip().lower() == RANDOM_SEED:
+        import secrets
+
+        seed, seed_source = secrets.randbits(64), "random"
     return _run_context()(
         profile=profile,
         dtypes=parse_dtypes(dtypes),
         device=check_device(device),
         seed=check_seed(seed),
+        seed_source=seed_source,
         timeout_s=timeout_s,
         isolation=isolation_default() if isolation is None else bool(isolation),
         **limits,
     )
+
+
+def context_from_args(args, *, dtypes: bool = True):
+    """The run's context from a command's search options (every value checked: usage errors
+    name the option): profile, examples, seed (``random`` drawn here), time limit, isolation,
+    and for certify the dtypes and device."""
+    extra = {"dtypes": args.dtypes, "device": args.device} if dtypes else {}
+    return make_context(args.profile, max_examples=args.max_examples, seed=args.seed,
+                        timeout=args.timeout, isolation=False if args.no_isolation else None,
+                        **extra)
 
 
 def check_max_examples(value) -> int:

@@ -227,10 +227,13 @@ def _simple(value: Any) -> bool:
 
 
 def repro_command(target: str, case: dict[str, Any], *, property: str | None = None,
-                  inequality: str | None = None, reference: str | None = None) -> str:
+                  inequality: str | None = None, reference: str | None = None,
+                  seed: int = 0) -> str:
     """The one-line shell command that re-checks ``property`` (or ``inequality``) on ``case``.
 
     Exits 1 with the violation message while the normalizer fails there, 0 once it is fixed.
+    ``seed``: the run's seed, written (``--seed S``) unless it is 0, so that a line from a run
+    with ``--seed random`` says which seed found it.
     """
     parts = ["attnverify", "repro", target]
     if property is not None:
@@ -239,6 +242,8 @@ def repro_command(target: str, case: dict[str, Any], *, property: str | None = N
         parts += ["--inequality", inequality]
     if reference is not None:
         parts += ["--reference", reference]
+    if seed:
+        parts += ["--seed", str(int(seed))]
     text = json.dumps(case, separators=(",", ":"), allow_nan=False)
     if len(text) > MAX_INLINE_CHARS:
         text = str(_write_case_file(text))

@@ -1,7 +1,8 @@
 """The suite's own speed: certify throughput, per property and per normalizer.
 
-One ``certify_target`` run per built-in (profile ``ci``, ``MAX_EXAMPLES`` examples, seed 0),
-done once in ``setup_cache`` and shared by every benchmark here; each property's examples and
+One certify run of the built-ins as the command runs it (each target in a worker process of its
+own where the commit has one; profile ``ci``, ``MAX_EXAMPLES`` examples, seed 0), done once in
+``setup_cache`` and shared by every benchmark here; each property's examples and
 elapsed seconds are summed over the normalizers. Two views of the same numbers:
 ``track_examples_per_second`` (throughput, higher is better) and ``track_ms_per_example``
 (its inverse, which is what ``asv continuous`` gates on: asv flags increases).
@@ -25,6 +26,7 @@ PROPERTIES = (
     "permutation_equivariant",
     "mask_zero",
     "batch_independent",
+    "no_side_effects",
     "simplex",
     "sub_simplex",
     "nonnegative",
@@ -58,13 +60,22 @@ PROFILE = "ci"
 
 
 def _certifier():
-    """``run(spec) -> TargetResult`` for this commit's certify API, or None when it has none."""
+    """``run(target string) -> TargetResult`` for this commit's certify API (through its
+    process boundary where it has one), or None when it has none."""
     try:
         from attnverify import certify
     except ImportError:
         return None
     ctx = certify.make_context(PROFILE, max_examples=MAX_EXAMPLES, seed=0)
-    return lambda spec: certify.certify_target(spec, None, ctx)
+    try:
+        from attnverify.isolation import certify_all
+    except ImportError:
+        certify_all = None
+    if callable(certify_all):
+        return lambda target: certify_all([target], {}, None, ctx)[0]
+    from attnverify.registry import load_target
+
+    return lambda target: certify.certify_target(load_target(target), None, ctx)
 
 
 def _certify_all() -> dict | None:
@@ -72,14 +83,14 @@ def _certify_all() -> dict | None:
     run = _certifier()
     if run is None:
         return None
-    from attnverify.registry import builtin_ids, load_target
+    from attnverify.registry import builtin_ids
 
     targets = {name: name for name in BUILTIN_IDS if name in builtin_ids()}
     if os.environ.get(TARGET_ENV, "").strip():
         targets[TARGET] = os.environ[TARGET_ENV].strip()
     totals: dict[str, dict[str, list[float]]] = {"property": {}, "normalizer": {}}
     for name, target in targets.items():
-        for r in run(load_target(target)).results:
+        for r in run(target).results:
             for kind, key in (("property", r.property), ("normalizer", name)):
                 acc = totals[kind].setdefault(key, [0, 0.0])
                 acc[0] += int(r.examples)

@@ -21,8 +21,13 @@ from attnverify.properties import RESULT_KEY, option
 
 @cache
 def _load(config_key: tuple):
+    """``(ctx, [(target, spec, property id)])``: every target loaded in a worker process of its
+    own (:func:`attnverify.remote.open_normalizer`; in this process with
+    ``ATTNVERIFY_ISOLATION=0``), so this process, where the checks run, never imports it."""
+    from attnverify import remote
     from attnverify.certify import make_context, resolve_claims
-    from attnverify.registry import builtin_ids, load_target, parse_params
+    from attnverify.errors import WorkerFailed
+    from attnverify.registry import builtin_ids, parse_params
 
     target, claims, params, profile, seed, max_examples, dtypes, device, reference = config_key
     ctx = make_context(profile, dtypes=dtypes, device=device or "cpu",
@@ -39,7 +44,12 @@ def _load(config_key: tuple):
     chosen = None if claims is None else [c.strip() for c in claims.split(",") if c.strip()]
     cases = []
     for name in names:
-        spec, wanted = with_reference(load_target(name, parse_params(params)), chosen, ctx)
+        try:
+            loaded = remote.open_normalizer(name, parse_params(params), ctx)
+        except (WorkerFailed, remote.TargetRaised) as exc:
+            what = getattr(exc, "reason", None) or f"raised {exc.remote_type}: {exc}"
+            raise UsageError(f"target {name!r}: loading it {what}") from None
+        spec, wanted = with_reference(loaded, chosen, ctx)
         spec = spec.with_claims(resolve_claims(spec, wanted))
         for prop in properties_for(spec.claims, ctx):
             cases.append((name, spec, prop.id))
@@ -88,10 +98,14 @@ def test_property(attnverify_case, request):
     target, spec, prop_id = attnverify_case
     ctx, _ = _load(_key(request.config))
     res = run_property(PROPERTIES[prop_id], spec, ctx)
-    from attnverify.checks.reference import reference_label
+    from attnverify.checks.base import monitor_of
+    from attnverify.checks.reference import reference_label, reference_owner
 
+    monitor = monitor_of(spec)
     record = {"target": target, "claims": list(spec.claims), "params": dict(spec.params),
-              "reference": reference_label(spec), "result": res.to_json()}
+              "reference": reference_label(spec), "reference_owner": reference_owner(spec),
+              "worker_pids": list(monitor.pids) if monitor is not None else [],
+              "result": res.to_json()}
     from attnverify.certify import jsonable
 
     request.node.user_properties.append((RESULT_KEY, json.dumps(jsonable(record))))
@@ -116,8 +130,12 @@ def certificate_from_records(config, records: list[dict]) -> dict:
     ctx, _ = _load(_key(config))
     targets: dict[str, TargetResult] = {}
     for rec in records:
-        t = targets.setdefault(rec["target"], TargetResult(rec["target"], [], [], rec["params"],
-                                                           reference=rec.get("reference")))
+        t = targets.setdefault(rec["target"], TargetResult(
+            rec["target"], [], [], rec["params"], reference=rec.get("reference"),
+            reference_owner=rec.get("reference_owner")))
+        for pid in rec.get("worker_pids", []):
+            if pid not in t.worker_pids:
+                t.worker_pids.append(pid)
         r = rec["result"]
         t.results.append(PropertyResult(**r))
     order = list(PROPERTIES)

@@ -8,6 +8,7 @@ a fixed seed; FlexAttention (seconds to compile) is exercised once, in the slow-
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -124,9 +125,13 @@ def test_correct_kernels_pass_every_attention_property():
 
 
 def test_sdpa_is_certified_on_the_dev_profile():
-    res = certify_attention(load_attention("sdpa"), None, make_context("dev", seed=0))
+    from attnverify import remote
+
+    ctx = make_context("dev", seed=0)
+    res = certify_attention(remote.open_attention("sdpa", {}, ctx), None, ctx)
     bad = {r.property: r.message for r in res.results if r.status not in ("holds",)}
     assert res.verdict == "certified" and not bad, bad
+    assert res.worker_pids and os.getpid() not in res.worker_pids
 
 
 def test_attention_spec_public_constructor_and_claims():

@@ -25,18 +25,33 @@ def _workflow() -> dict:
     return yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
 
 
+def _matrix(job: dict) -> list[dict]:
+    """Every combination of the job's ``strategy.matrix`` (one empty one without a matrix)."""
+    import itertools
+
+    matrix = (job.get("strategy") or {}).get("matrix") or {}
+    keys = [k for k, v in matrix.items() if isinstance(v, list)]
+    return [dict(zip(keys, values)) for values in
+            itertools.product(*(matrix[k] for k in keys))] or [{}]
+
+
 def _commands(doc: dict) -> list[tuple[str, list[str]]]:
-    """``(job, argv)`` for every shell command of every ``run:`` step, ``$VAR``s expanded from
-    the workflow's and the job's ``env``."""
+    """``(job, argv)`` for every shell command of every ``run:`` step and every combination of
+    the job's matrix, ``${{ matrix.X }}`` and ``$VAR``s expanded from the workflow's and the
+    job's ``env``."""
     out = []
     for job_id, job in doc["jobs"].items():
         env = {**doc.get("env", {}), **job.get("env", {})}
-        for step in job["steps"]:
-            for line in step.get("run", "").splitlines():
-                for part in re.split(r"\s*&&\s*", line.strip()):
-                    if part and not part.startswith("#"):
-                        argv = shlex.split(part, comments=True)
-                        out.append((job_id, [_expand(a, env) for a in argv]))
+        for combo in _matrix(job):
+            for step in job["steps"]:
+                text = re.sub(r"\$\{\{\s*matrix\.(\w+)\s*\}\}",
+                              lambda m, combo=combo: str(combo.get(m.group(1), m.group(0))),
+                              step.get("run", ""))
+                for line in text.splitlines():
+                    for part in re.split(r"\s*&&\s*", line.strip()):
+                        if part and not part.startswith("#"):
+                            argv = shlex.split(part, comments=True)
+                            out.append((job_id, [_expand(a, env) for a in argv]))
     return out
 
 
@@ -97,6 +112,12 @@ def test_certify_writes_the_certificate_the_upload_step_uploads():
                if s.get("uses", "").startswith("actions/upload-artifact@")]
     assert uploads and uploads[0]["with"]["path"] == args.json_path
     assert uploads[0].get("if") == "always()", "upload the certificate of a failing run too"
+
+
+def test_certify_runs_with_the_fixed_and_a_fresh_seed():
+    seeds = [argv[argv.index("--seed") + 1] for job, argv in _commands(_workflow())
+             if job == "certify" and argv[:2] == ["attnverify", "certify"]]
+    assert sorted(seeds) == ["0", "random"]
 
 
 def test_every_asv_subcommand_and_option_exists():

@@ -54,7 +54,9 @@ def test_halved_gradient_is_caught_on_a_plain_row():
 @pytest.mark.parametrize("attr", ["classic_softmax", "once_softmax"])
 def test_correct_classic_functions_are_certified_with_jacobian_claims(attr):
     res = certify_target(planted(attr), JACOBIAN_CLAIMS, CTX)
-    bad = {r.property: r.message for r in res.results if r.status not in ("holds",)}
+    # in this process without the proxy: side effects are not observed (tests/test_isolation.py)
+    bad = {r.property: r.message for r in res.results if r.status not in ("holds",)
+           and r.property != "no_side_effects"}
     assert res.verdict == "certified" and not bad, bad
     assert {r.property for r in res.results} >= {"gradient", *JACOBIAN_CLAIMS}
     # the two-way tie of the battery attains 1/(2T): the Jacobian was really formed, not zero

@@ -25,26 +25,42 @@ def split(text: str | None) -> list[str]:
 
 
 def run_certify(args) -> int:
-    import dataclasses
-
     from attnverify import report
-    from attnverify.attention.loader import load_attention
-    from attnverify.attention.run import certify_attention, progress_line, resolve_claims
-    from attnverify.certify import make_context
     from attnverify.errors import UsageError
-    from attnverify.registry import builtins, parse_params
+    from attnverify.registry import parse_params
     from attnverify.xfails import load_xfails
 
     targets = split(args.attention) + list(args.targets or [])
     if not targets:
         raise UsageError("--attention needs at least one target (see 'attnverify list')")
-    ctx = make_context(args.profile, dtypes=args.dtypes, device=args.device,
-                       max_examples=args.max_examples, seed=args.seed)
+    from attnverify.runconfig import context_from_args
+
+    ctx = context_from_args(args)
     report.check_outputs(json=args.json_path, markdown=args.markdown_path)
     params = parse_params(args.params)
     claims = None if args.claims is None else split(args.claims)
     xfails = load_xfails(args.xfails) if args.xfails else None
-    specs = [load_attention(t, params) for t in targets]
+    try:
+        return _certify_opened(args, targets, params, claims, ctx, xfails)
+    finally:
+        from attnverify import remote
+
+        remote.shutdown()
+
+
+def _certify_opened(args, targets, params, claims, ctx, xfails) -> int:
+    import dataclasses
+
+    from attnverify import report
+    from attnverify.attention.loader import load_attention
+    from attnverify.attention.run import certify_attention, progress_line, resolve_claims
+    from attnverify.certify import TargetResult
+    from attnverify.errors import UsageError
+    from attnverify.isolation import close, open_targets
+    from attnverify.registry import builtins
+
+    opened = open_targets(targets, params, ctx, attention=True)
+    specs = [spec for _, spec, _ in opened]
     ref = getattr(args, "reference", None)
     if ref:
         if ref not in builtins():
@@ -53,10 +69,19 @@ def run_certify(args) -> int:
             except UsageError as exc:
                 raise UsageError(f"--reference {ref!r} is neither a built-in normalizer id nor "
                                  f"an attention target ({exc})") from None
-        specs = [dataclasses.replace(s, reference=ref) for s in specs]
+        specs = [None if s is None else dataclasses.replace(s, reference=ref) for s in specs]
     for spec in specs:  # every usage error before any work
-        resolve_claims(spec, claims)
+        if spec is not None:
+            resolve_claims(spec, claims)
     progress = None if args.quiet else progress_line
-    results = [certify_attention(s, claims, ctx, label=t, progress=progress)
-               for t, s in zip(targets, specs)]
+    results = []
+    for (label, _, failure), spec in zip(opened, specs):
+        if spec is None:
+            results.append(TargetResult(target=label, claims=[], results=[failure]))
+            continue
+        results.append(certify_attention(spec, claims, ctx, label=label, progress=progress))
+        close(spec)
+    from attnverify import remote
+
+    remote.shutdown()  # no process of the code under test outlives the run's results
     return report.finish_certify(args, report.certificate(results, ctx), xfails)

@@ -18,26 +18,27 @@ def recheck(target: str, prop_id: str, recipe: dict, reference: str = "",
             params: dict | None = None) -> int:
     import dataclasses
 
+    from attnverify import remote
     from attnverify.attention import cases
     from attnverify.attention.lift import lift
-    from attnverify.attention.loader import load_attention
     from attnverify.attention.properties import ATTENTION_PROPERTIES
     from attnverify.certify import make_context
     from attnverify.checks.base import NormalizerError, Violation
-    from attnverify.errors import UsageError
+    from attnverify.errors import UsageError, WorkerFailed
+    from attnverify.runconfig import PROFILES
 
     if prop_id not in ATTENTION_PROPERTIES:
         known = ", ".join(ATTENTION_PROPERTIES)
         raise UsageError(f"unknown attention property {prop_id!r} ({known})")
-    a = load_attention(target, params or None)
-    if reference:
-        a = dataclasses.replace(a, reference=reference)
     try:
         case = cases.build({**cases.recipe(), **recipe})
     except (KeyError, ValueError, TypeError) as exc:
         raise UsageError(f"bad recipe: {exc}") from None
-    ctx = make_context("dev")
+    ctx = make_context("dev", timeout=PROFILES["ci"]["timeout_s"])
     try:
+        a = remote.open_attention(target, params or None, ctx)  # the kernel in its own worker
+        if reference:
+            a = dataclasses.replace(a, reference=reference)
         ratio = ATTENTION_PROPERTIES[prop_id].check(lift(a), case, ctx)
     except Violation as exc:
         print(f"{target}::{prop_id} violated: {exc.message}")
@@ -45,6 +46,12 @@ def recheck(target: str, prop_id: str, recipe: dict, reference: str = "",
     except NormalizerError as exc:
         print(f"{target}::{prop_id}: the kernel raised {exc}")
         return 1
+    except (WorkerFailed, remote.TargetRaised) as exc:
+        what = getattr(exc, "reason", None) or f"raised {exc.remote_type}: {exc}"
+        print(f"{target}::{prop_id}: the kernel {what}")
+        return 1
+    finally:
+        remote.shutdown()
     print(f"{target}::{prop_id} holds on this case (worst ratio {ratio:.3g})")
     return 0
 

@@ -1,7 +1,9 @@
 """``certify --attention``: the lifted normalizer properties, then the attention-level ones.
 
 One :class:`~attnverify.certify.TargetResult` per kernel, in the certificate format of
-docs/INTERFACES.md. Runs in this process (FlexAttention's compiled graphs are kept across targets).
+docs/INTERFACES.md. The kernel runs in a worker process of its own
+(:func:`attnverify.remote.open_attention`); the lifting, the checks and the float64 reference run
+here, in the checker.
 """
 
 from __future__ import annotations
@@ -81,7 +83,6 @@ def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=Non
                       label: str | None = None, progress=None):
     """Every normalizer property of the lifted kernel and every attention property."""
     from attnverify.certify import TargetResult, make_context
-    from attnverify.checks import properties_for
 
     ctx = ctx or make_context()
     chosen = resolve_claims(a, claims)
@@ -89,15 +90,31 @@ def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=Non
     result = TargetResult(target=label or a.target or a.id,
                           claims=list(dict.fromkeys([*chosen, *spec.claims])),
                           params=dict(a.params))
-    lifted_ctx = lifted_context(a, ctx)
-    plan = [(p.id, lifted_ctx) for p in properties_for(spec.claims, lifted_ctx)]
-    plan += [(p.id, ctx) for p in ATTENTION_PROPERTIES.values() if p.universal or p.id in chosen]
-    for prop_id, pctx in plan:
+    for prop_id, pctx in property_plan(a, spec, chosen, ctx):
         res = run_one(a, chosen, prop_id, pctx)
         result.results.append(res)
         if progress is not None:
             progress(result.target, res)
+    from attnverify.checks.base import monitor_of
+
+    monitor = monitor_of(spec)
+    if monitor is not None:
+        result.worker_pids = list(dict.fromkeys(monitor.pids))
+    result.runtime = dict(getattr(a.fn, "runtime", None) or {})
     return result
+
+
+def property_plan(a: AttentionSpec, spec, chosen: list[str], ctx) -> list[tuple[str, object]]:
+    """``[(property id, context)]`` in the order they run: the lifted normalizer properties,
+    the attention-level ones, and last those that report on the whole run
+    (``no_side_effects``)."""
+    from attnverify.checks import LAST, properties_for
+
+    lifted_ctx = lifted_context(a, ctx)
+    lifted = [(p.id, lifted_ctx) for p in properties_for(spec.claims, lifted_ctx)]
+    plan = [entry for entry in lifted if entry[0] not in LAST]
+    plan += [(p.id, ctx) for p in ATTENTION_PROPERTIES.values() if p.universal or p.id in chosen]
+    return plan + [entry for entry in lifted if entry[0] in LAST]
 
 
 def _lifted(a: AttentionSpec, chosen: list[str]):

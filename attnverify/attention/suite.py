@@ -45,12 +45,11 @@ def plan(key: tuple):
     """``(ctx, [(target, AttentionSpec, claims, property id, context)])`` for the options."""
     import dataclasses
 
+    from attnverify import remote
     from attnverify.attention.command import split
-    from attnverify.attention.loader import load_attention
-    from attnverify.attention.properties import ATTENTION_PROPERTIES
-    from attnverify.attention.run import lifted_context, resolve_claims
+    from attnverify.attention.run import _lifted, property_plan, resolve_claims
     from attnverify.certify import make_context
-    from attnverify.checks import properties_for
+    from attnverify.errors import WorkerFailed
     from attnverify.registry import parse_params
 
     targets, claims, params, profile, seed, max_examples, dtypes, device, reference = key
@@ -59,17 +58,16 @@ def plan(key: tuple):
     chosen = None if claims is None else split(claims)
     out = []
     for name in split(targets):
-        a = load_attention(name, parse_params(params))
+        try:  # the kernel in a worker process of its own; the checks run here
+            a = remote.open_attention(name, parse_params(params), ctx)
+        except (WorkerFailed, remote.TargetRaised) as exc:
+            what = getattr(exc, "reason", None) or f"raised {exc.remote_type}: {exc}"
+            raise UsageError(f"attention target {name!r}: loading it {what}") from None
         if reference:
             a = dataclasses.replace(a, reference=reference)
         wanted = resolve_claims(a, chosen)
-        lifted = [c for c in wanted if c not in ATTENTION_PROPERTIES]
-        lctx = lifted_context(a, ctx)
-        for prop in properties_for(lifted, lctx):
-            out.append((name, a, wanted, prop.id, lctx))
-        for prop in ATTENTION_PROPERTIES.values():
-            if prop.universal or prop.id in wanted:
-                out.append((name, a, wanted, prop.id, ctx))
+        for prop_id, pctx in property_plan(a, _lifted(a, wanted), wanted, ctx):
+            out.append((name, a, wanted, prop_id, pctx))
     return ctx, out
 
 

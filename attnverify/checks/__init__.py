@@ -75,8 +75,9 @@ _ALL = [
           universal=True, scale=0.5),
     _rows("finite", "finite scores give finite weights (huge logits included)", U.check_finite,
           universal=True, allow_mask=False),
-    _rows("deterministic", "equal inputs give bitwise-equal weights", U.check_deterministic,
-          universal=True, scale=0.5),
+    _rows("deterministic", "equal inputs give bitwise-equal weights whatever was called in "
+          "between (calls A, B, A, B in new storage; B = A with its keys permuted)",
+          U.check_deterministic, universal=True, scale=0.5),
     _rows("no_mutation", "the input tensor is left unchanged", U.check_no_mutation,
           universal=True, scale=0.5),
     _rows("permutation_equivariant", "f(z[π]) = f(z)[π] for a permutation π of the keys",
@@ -87,6 +88,14 @@ _ALL = [
     _rows("batch_independent", "a row's weights do not depend on the other rows of the batch",
           U.check_batch_independent, universal=True, long=False,
           verify=U.verify_batch_independent),
+    Property(id="no_side_effects", statement="calling the normalizer (forward, backward, "
+             "forward mode) leaves grad mode, default dtype and device, deterministic "
+             "algorithms, matmul precision, thread count and torch's functions as they were; "
+             "checked on every call of the run, reported last",
+             cases=lambda s, c: C.row_cases(s, c, max_length=64),
+             check=U.check_no_side_effects, verify=U.verify_no_side_effects,
+             explicit=lambda s, c: U.recorded_cases(s, c) + C.row_battery(s, c, long=False)[:4],
+             applies=U.no_side_effects_applies, universal=True, examples_scale=0.2),
     # ---- output spaces and invariances
     _rows("simplex", "weights ≥ 0 and every (not fully masked) row sums to 1", U.check_simplex),
     _rows("sub_simplex", "weights ≥ 0 and every row sums to at most 1", U.check_sub_simplex),
@@ -167,4 +176,9 @@ def properties_for(claims, ctx: Context) -> list[Property]:
     out = [p for p in PROPERTIES.values() if p.universal or p.id in chosen]
     if not ctx.low_dtypes:  # half precision is checked only when asked for
         out = [p for p in out if p.id != "dtype_agreement"]
-    return out
+    # last: it reports every side effect the worker saw during the properties before it
+    return [p for p in out if p.id not in LAST] + [p for p in out if p.id in LAST]
+
+
+#: Properties run after every other one of a target.
+LAST = ("no_side_effects",)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from attnverify.errors import UsageError
+from attnverify.errors import UsageError, WorkerFailed
 from attnverify.registry import NormalizerSpec
 from attnverify.tolerances import tol_for
 
@@ -103,7 +103,9 @@ class NormalizerError(Exception):
 
     def __init__(self, cause: BaseException, input: torch.Tensor | None = None):
         text = str(cause).strip()
-        super().__init__(f"{type(cause).__name__}: {text.splitlines()[0] if text else ''}")
+        # a target raising in its worker arrives as attnverify.remote.TargetRaised: its own type
+        name = getattr(cause, "remote_type", None) or type(cause).__name__
+        super().__init__(f"{name}: {text.splitlines()[0] if text else ''}")
         self.cause = cause
         self.input = input if type(input) is torch.Tensor else None  # not inside transforms
 
@@ -113,16 +115,61 @@ def call(spec: NormalizerSpec, scores: torch.Tensor, temperature: float | None =
 
     Whatever the normalizer raises comes back as :class:`NormalizerError` (carrying the scores it
     was given as ``input``), so that a fault of the normalizer is told apart from a fault of the
-    suite.
+    suite. An output refused at the process boundary (a :class:`Violation`) and a worker that
+    died or hung (:class:`~attnverify.errors.WorkerFailed`) pass through unchanged.
     """
     if temperature is not None and spec.takes_temperature:
         kw["temperature"] = temperature
     try:
         return spec(scores, dim=-1, **kw)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, WorkerFailed, Violation):
         raise
     except BaseException as exc:  # noqa: BLE001 - SystemExit, GeneratorExit, … fail the property
         raise NormalizerError(exc, input=scores) from exc
+
+
+def call_many(spec: NormalizerSpec, inputs: list, temperature: float | None = None, *,
+              reuse: dict | None = None, **kw) -> list:
+    """:func:`call` on each of ``inputs`` (same temperature and parameters), in order: one
+    request to the worker where the normalizer runs behind the process boundary, else one call
+    each. ``reuse`` ``{i: j}``: call ``i`` gets its values in the tensor call ``j`` was given (the
+    same storage and address). A raise is :class:`NormalizerError` carrying the input that
+    raised."""
+    many = getattr(getattr(spec, "fn", None), "many", None)
+    if many is None or any(t.requires_grad for t in inputs):
+        given: list = []
+        out = []
+        for i, t in enumerate(inputs):
+            if reuse and i in reuse:
+                t = given[reuse[i]].copy_(t)
+            else:
+                t = t.clone()
+            given.append(t)
+            out.append(call(spec, t, temperature, **kw))
+        return out
+    if temperature is not None and spec.takes_temperature:
+        kw["temperature"] = temperature
+    try:
+        return many(list(inputs), dim=-1, reuse=reuse, **{**spec.params, **kw})
+    except (KeyboardInterrupt, WorkerFailed, Violation):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the normalizer's fault, with its input
+        index = getattr(exc, "index", None)
+        failed = inputs[index] if isinstance(index, int) and 0 <= index < len(inputs) else None
+        raise NormalizerError(exc, input=failed) from exc
+
+
+def monitor_of(spec):
+    """What the worker behind ``spec`` reported (:class:`attnverify.remote.Monitor`: side
+    effects, refused outputs, its process ids), or ``None`` for a spec called in this process
+    without a proxy. Read from the spec's function (or its attention kernel's), by duck typing,
+    so that the checks need not import :mod:`attnverify.remote`."""
+    fn = getattr(spec, "fn", None)
+    attention = getattr(fn, "attention", None)
+    if attention is not None:
+        fn = getattr(attention, "fn", None)
+    monitor = getattr(fn, "monitor", None)
+    return monitor if hasattr(monitor, "effects") and hasattr(monitor, "refused") else None
 
 
 def as_float64(t: torch.Tensor) -> torch.Tensor:

@@ -72,17 +72,48 @@ def reference_spec(spec: NormalizerSpec) -> NormalizerSpec | None:
 
 @lru_cache(maxsize=32)
 def _load(target: str) -> NormalizerSpec:
+    """A reference named by a target string, in this (the checker's) process: a built-in id is
+    that normalizer's float64 formula (:data:`attnverify.normalizers.reference.REFERENCES`,
+    written from its definition); anything else is loaded (a ``--reference`` given by the person
+    who runs the check)."""
+    from attnverify.normalizers.reference import REFERENCES
+
+    name = target.strip()
+    if name in REFERENCES:
+        fn = REFERENCES[name]
+        return normalizer_spec(fn, id=name, claims=(), space="any")
     from attnverify.registry import load_target
 
     return load_target(target)
+
+
+def reference_owner(spec: NormalizerSpec) -> str | None:
+    """Where the reference of ``spec`` runs: ``"target"`` when the target's own module declared
+    it (a callable or spec of its own, or its kernel's general form: code under test, evaluated
+    in the target's worker), ``"checker"`` for attnverify's formulas, a built-in or a
+    ``--reference`` (evaluated here); ``None`` without a reference."""
+    ref = spec.reference
+    if ref is None:
+        if spec.kernel is None:
+            return None
+        return "target" if _remote(spec.kernel.F) else "checker"
+    fn = getattr(ref, "fn", ref)
+    return "target" if _remote(fn) else "checker"
+
+
+def _remote(fn) -> bool:
+    return hasattr(fn, "channel")
 
 
 def reference_label(spec: NormalizerSpec) -> str | None:
     """How the report names the reference of ``spec`` (``None``: it has none)."""
     ref = spec.reference
     if ref is None:
-        return None if spec.kernel is None else (
-            f"kernel general form {spec.kernel.formula or 'F(z)/ΣF(z)'} (float64)")
+        if spec.kernel is None:
+            return None
+        own = " of the target's own kernel, F evaluated in its worker" if _remote(
+            spec.kernel.F) else ""
+        return f"kernel general form {spec.kernel.formula or 'F(z)/ΣF(z)'} (float64){own}"
     if isinstance(ref, str):
         return ref
     if isinstance(ref, NormalizerSpec):

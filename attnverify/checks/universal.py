@@ -13,9 +13,11 @@ from attnverify.checks.base import (
     Violation,
     as_float64,
     call,
+    call_many,
     close_mask,
     describe_dtype,
     mismatch_message,
+    monitor_of,
     sum_tolerance,
 )
 from attnverify.tolerances import tol_for
@@ -62,15 +64,43 @@ def check_finite(spec, case, ctx) -> float:
     return 0.0
 
 
+#: The calls of ``deterministic``, in order (``B`` is ``A`` with its keys permuted: new values in
+#: the same shape, written into the very tensor call 1 was given; the other calls get new
+#: storage).
+INTERLEAVING = ("A", "B = A with its keys permuted, in A's storage", "A again", "B again")
+
+
 def check_deterministic(spec, case, ctx) -> float:
-    first = _out(spec, case)
-    again = _out(spec, case, case.scores.clone())
-    if not torch.equal(first.nan_to_num(), again.nan_to_num()):
-        diff = float((as_float64(first) - as_float64(again)).abs().nan_to_num(math.inf).max())
-        raise Violation(
-            f"two calls on equal inputs differ by up to {diff:.3g} (bitwise equality expected)",
-            observed=diff, bound=0, ratio=math.inf,
-        )
+    """Equal inputs give bitwise-equal weights whatever was called in between: the calls A, B,
+    A, B (:data:`INTERLEAVING`) give A's weights both times and B's both times, and B's weights
+    are not A's weights returned again (an answer remembered from an earlier call of the same
+    shape, the same address or the same tensor)."""
+    scores = case.scores
+    g = torch.Generator().manual_seed(int(case.seed) + 5)
+    perm = torch.randperm(scores.shape[-1], generator=g).to(scores.device)
+    other = scores[..., perm].contiguous()
+    # one request: the worker makes the four calls in this order; call 2 reuses call 1's tensor
+    first, second, third, fourth = call_many(spec, [scores, other, scores, other],
+                                             case.temperature, reuse={1: 0})
+    order = list(INTERLEAVING)
+    for a, b, i, j in ((first, third, 0, 2), (second, fourth, 1, 3)):
+        if not torch.equal(a.nan_to_num(), b.nan_to_num()):
+            diff = float((as_float64(a) - as_float64(b)).abs().nan_to_num(math.inf).max())
+            raise Violation(
+                f"call {j + 1} ({INTERLEAVING[j]}, in new storage) differs from call {i + 1} "
+                f"({INTERLEAVING[i]}) by up to {diff:.3g}: the weights depend on what was "
+                f"called before (bitwise equality expected; calls: {', '.join(order)})",
+                observed=diff, bound=0, ratio=math.inf, interleaving=order,
+                perm=perm.tolist()[:64])
+    moved = not torch.equal(scores.nan_to_num(), other.nan_to_num())
+    if moved and torch.equal(second.nan_to_num(), first.nan_to_num()):
+        ok, _ = close_mask(second, first[..., perm], scores.dtype)
+        if not ok:
+            raise Violation(
+                "call 2 (B: the keys of A permuted) returned exactly the weights of call 1 (A), "
+                "which are not A's weights permuted: an answer remembered from an earlier call "
+                f"(calls: {', '.join(order)})", observed=1, bound=0, ratio=math.inf,
+                interleaving=order, perm=perm.tolist()[:64])
     return 0.0
 
 
@@ -89,8 +119,8 @@ def check_permutation_equivariant(spec, case, ctx) -> float:
     scores = case.scores
     g = torch.Generator().manual_seed(int(case.seed) + 1)
     perm = torch.randperm(scores.shape[-1], generator=g).to(scores.device)
-    want = _out(spec, case)[..., perm]
-    got = _out(spec, case, scores[..., perm].contiguous())
+    base, moved = call_many(spec, [scores, scores[..., perm].contiguous()], case.temperature)
+    want, got = base[..., perm], moved
     ok, excess = close_mask(got, want, scores.dtype)
     if not ok:
         raise Violation(
@@ -127,11 +157,11 @@ def verify_mask_zero(spec, case, ctx) -> float:
         raise Violation(f"a masked key got weight {shown:.3g}, not exactly 0",
                         observed=worst, bound=0, ratio=math.inf, input=scores)
     excess = 0.0
-    for r in range(scores.shape[0]):
+    rows = [r for r in range(scores.shape[0])
+            if not bool((~masked[r]).all()) and bool((~masked[r]).any())]
+    alone = call_many(spec, [scores[r : r + 1, ~masked[r]] for r in rows], case.temperature)
+    for r, want in zip(rows, alone):
         keep = ~masked[r]
-        if bool(keep.all()) or not bool(keep.any()):
-            continue
-        want = _out(spec, case, scores[r : r + 1, keep])
         ok, ex = close_mask(out[r : r + 1, keep], want, scores.dtype)
         excess = max(excess, ex)
         if not ok:
@@ -147,41 +177,51 @@ def verify_mask_zero(spec, case, ctx) -> float:
 def check_batch_independent(spec, case, ctx) -> float:
     """Each row alone, and as the first row of a batch of very different rows (scale 1e3), gives
     the weights it has in its own batch: :func:`verify_batch_independent` on the case's batch,
-    then on each of those mixed batches."""
+    then on each of those mixed batches (every call of a step in one request)."""
     scores = case.scores
-    excess = verify_batch_independent(spec, case, ctx)
+    n = scores.shape[0]
     g = torch.Generator().manual_seed(int(case.seed) + 3)
     other = torch.randn(scores.shape, generator=g, dtype=torch.float64) * 1e3
-    for r in range(scores.shape[0]):
-        mixed = other.to(scores.dtype).to(scores.device)
-        mixed[0] = scores[r]
-        ex = verify_batch_independent(spec, case._replace(scores=mixed), ctx, rows=(0,))
-        excess = max(excess, ex)
+    mixed = []
+    for r in range(n):
+        m = other.to(device=scores.device, dtype=scores.dtype, copy=True)
+        m[0] = scores[r]
+        mixed.append(m)
+    outs = call_many(spec, [scores] + [scores[r : r + 1] for r in range(n)] + mixed,
+                     case.temperature)
+    out, alone, mixed_out = outs[0], outs[1:n + 1], outs[n + 1:]
+    excess = _same_rows(out, alone, range(n), scores, n, scores)
+    for r in range(n):
+        excess = max(excess, _same_rows(mixed_out[r], [alone[r]], (0,), mixed[r], n,
+                                        mixed[r]))
     return excess
 
 
 def verify_batch_independent(spec, case, ctx, rows=None) -> float:
     """Each row (of ``rows``, default all) computed alone equals the same row in the batch."""
     scores = case.scores
-    out = _out(spec, case)
+    rows = list(range(scores.shape[0]) if rows is None else rows)
+    outs = call_many(spec, [scores] + [scores[r : r + 1] for r in rows], case.temperature)
+    return _same_rows(outs[0], outs[1:], rows, scores, scores.shape[0], scores)
+
+
+def _same_rows(out, alone, rows, scores, size, given) -> float:
     excess = 0.0
-    for r in range(scores.shape[0]) if rows is None else rows:
-        alone = _out(spec, case, scores[r : r + 1])
-        ok, ex = close_mask(alone, out[r : r + 1], scores.dtype)
+    for r, single in zip(rows, alone):
+        ok, ex = close_mask(single, out[r : r + 1], scores.dtype)
         excess = max(excess, ex)
         if not ok:
             raise Violation(
                 f"row {r} computed alone differs from the same row in its batch of "
-                f"{scores.shape[0]}: {mismatch_message(alone, out[r:r + 1], scores.dtype)}",
-                observed=ex, bound=1, ratio=ex, row=r, input=scores,
+                f"{size}: {mismatch_message(single, out[r:r + 1], scores.dtype)}",
+                observed=ex, bound=1, ratio=ex, row=r, input=given,
             )
     return excess
 
 
 def check_low_precision(spec, case, ctx) -> float:
     """Half-precision weights agree with the float64 weights of the same (rounded) scores."""
-    out = _out(spec, case)
-    want = _out(spec, case, case.scores.to(torch.float64))
+    out, want = call_many(spec, [case.scores, case.scores.to(torch.float64)], case.temperature)
     ok, excess = close_mask(out, want, case.scores.dtype)
     if not ok:
         raise Violation(
@@ -250,7 +290,7 @@ def check_shift_invariant(spec, case, ctx) -> float:
     scale = float(finite.abs().max()) if finite.numel() else 1.0
     c = (torch.rand(scores.shape[0], 1, generator=g, dtype=torch.float64) - 0.5) * 20
     shifted = (scores.to(torch.float64) + c).to(scores.dtype)
-    got, want = _out(spec, case, shifted), _out(spec, case)
+    got, want = call_many(spec, [shifted, scores], case.temperature)
     t = case.temperature or 1.0
     eps = torch.finfo(scores.dtype).eps
     slack = 1.0 + (scale + 10.0) * eps / (t * tol_for(scores.dtype).rtol)
@@ -301,18 +341,96 @@ def verify_fully_masked_row(spec, case, ctx) -> float:
     batch without the fully masked rows."""
     scores = case.scores
     live = _live_rows(scores)
-    out = _out(spec, case)
+    partial = bool(live.any()) and not bool(live.all())
+    outs = call_many(spec, [scores, scores[live]] if partial else [scores], case.temperature)
+    out = outs[0]
     dead = out[~live]
     if not bool((dead == 0).all()):
         bad = dead[dead != 0]
         raise Violation(f"fully masked row gave {float(bad[0])} (all zeros expected)",
                         observed=float(bad.abs().nan_to_num(math.inf).max()), bound=0,
                         ratio=math.inf, input=scores)
-    if bool(live.any()) and not bool(live.all()):
-        want = _out(spec, case, scores[live])
+    if partial:
+        want = outs[1]
         ok, excess = close_mask(out[live], want, scores.dtype)
         if not ok:
             raise Violation("a fully masked row changed the other rows of the batch: "
                             + mismatch_message(out[live], want, scores.dtype),
                             observed=excess, bound=1, ratio=excess, input=scores)
+    return 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Side effects (reported by the worker the target runs in: attnverify.worker.StateGuard)
+
+
+def no_side_effects_applies(spec, ctx) -> str | None:
+    if monitor_of(spec) is None:
+        return ("the target runs in this process without attnverify's proxy: its side effects "
+                "are not observed (certify, the pytest plugin and repro observe them)")
+    return None
+
+
+def recorded_cases(spec, ctx) -> list:
+    """The inputs on which the worker saw a side effect earlier in the run (first here, so that
+    the counterexample is the input that did it), each once."""
+    monitor = monitor_of(spec)
+    out, seen = [], set()
+    for event in (monitor.effects if monitor is not None else []):
+        case = event.case
+        scores = event.input
+        if scores is None or not hasattr(case, "_replace") or "scores" not in case._fields:
+            continue
+        key = (tuple(scores.shape), str(scores.dtype), scores.flatten()[:64].tolist().__repr__())
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(case._replace(scores=scores))
+    return out[:8]
+
+
+def check_no_side_effects(spec, case, ctx) -> float:
+    """:func:`verify_no_side_effects` on this case, and no side effect seen earlier in the run
+    (in any property, by any request: forward, backward, forward mode)."""
+    verify_no_side_effects(spec, case, ctx)
+    monitor = monitor_of(spec)
+    if monitor is not None and monitor.effects:
+        event = monitor.effects[0]
+        raise Violation(f"a call of the normalizer ({event.op} request, call {event.call} of the "
+                        f"run) changed the global state: {event.what} (the worker restored it)",
+                        observed=len(monitor.effects), bound=0, ratio=math.inf,
+                        changes=[e.what for e in monitor.effects[:8]], input=event.input)
+    return 0.0
+
+
+def verify_no_side_effects(spec, case, ctx) -> float:
+    """Calling the normalizer on this case (forward; forward with grad and a backward pass;
+    forward mode) leaves the global state a later call depends on as it was: grad mode, default
+    dtype and device, deterministic algorithms, float32 matmul precision, thread count, anomaly
+    mode, and the torch functions the worker uses."""
+    monitor = monitor_of(spec)
+    if monitor is None:
+        return 0.0
+    start = len(monitor.effects)
+    scores = case.scores
+    _out(spec, case, scores.clone())
+    if scores.is_floating_point():
+        z = scores.detach().clone().to(torch.float64).requires_grad_(True)
+        with torch.enable_grad():
+            try:
+                out = _out(spec, case, z)
+                if out.requires_grad:
+                    torch.autograd.grad(out, z, torch.ones_like(out), allow_unused=True)
+            except Exception:  # noqa: BLE001 - no float64 or no backward: forward only
+                pass
+        try:
+            torch.func.jvp(lambda x: _out(spec, case, x), (scores.detach().to(torch.float64),),
+                           (torch.ones_like(scores, dtype=torch.float64),))
+        except Exception:  # noqa: BLE001 - no forward mode
+            pass
+    new = monitor.effects[start:]
+    if new:
+        raise Violation(f"calling the normalizer ({new[0].op} request) changed the global "
+                        f"state: {new[0].what} (the worker restored it)", observed=len(new),
+                        bound=0, ratio=math.inf, changes=[e.what for e in new[:8]])
     return 0.0

@@ -1,0 +1,907 @@
+"""The checker's side of the process boundary: the target as an object the checks can call.
+
+:func:`open_normalizer` and :func:`open_attention` start a worker process for one target
+(:mod:`attnverify.worker`, forked by a zygote that imported torch once), load the target there
+and return a :class:`~attnverify.spec.NormalizerSpec` (or an
+:class:`~attnverify.attention.spec.AttentionSpec`) whose function is a proxy: calling it sends
+the inputs through shared memory (:mod:`attnverify.wire`) and returns the outputs as plain
+tensors in storage of the checker's own. Autograd works through the proxy (:class:`_Call`):
+``backward`` asks the worker for vector–Jacobian products, ``torch.func.jvp`` for
+Jacobian–vector products, a gradient of a gradient for the double backward, so every check of
+:mod:`attnverify.checks` runs unchanged in this process, which never imports the target.
+
+What the worker sends back is parsed strictly: one answer per request, with the request's id and
+only the keys that request allows; an output is read from the slot this process allocated, with
+the shape and dtype it expects. A worker that dies, hangs past the per-example time limit
+(:mod:`attnverify.heartbeat`) or breaks the protocol raises :class:`~attnverify.errors.WorkerFailed`
+(a ``BaseException``: no search retries it), and the next call starts a fresh worker. An output the
+worker's border check refused raises :class:`Refused` (a violation of the running property). Side
+effects the worker reports are kept by the target's :class:`Monitor` for the universal property
+``no_side_effects``.
+
+Under ``--no-isolation`` the same proxies call an in-process :class:`~attnverify.worker.Server`
+(same border and state checks, no process): for debugging only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import inspect
+import math
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+
+from attnverify import heartbeat, wire
+from attnverify.checks.base import Violation, monitor_of
+from attnverify.errors import UsageError, WorkerFailed
+
+#: Seconds the zygote may take to start (importing torch on a loaded machine).
+ZYGOTE_START_S = 300.0
+#: Seconds to wait for a dead worker's exit status.
+STATUS_WAIT_S = 2.0
+
+
+class Refused(Violation):
+    """An output the border check refused (not a plain tensor, wrong shape, aliasing, …)."""
+
+    def __init__(self, message: str):
+        super().__init__(f"the output was refused at the process boundary: {message}",
+                         observed=1, bound=0, ratio=math.inf)
+        self.refusal = message
+
+
+class TargetRaised(Exception):
+    """The code under test raised in the worker; ``remote_type`` is its exception's type."""
+
+    def __init__(self, remote_type: str, message: str):
+        super().__init__(message)
+        self.remote_type = remote_type or "Exception"
+
+
+# --------------------------------------------------------------------------------------------
+# The zygote
+
+
+class Zygote:
+    """A process that imported torch once and forks one worker per target
+    (``python -m attnverify.worker zygote FD``, in a session of its own)."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self.pid = 0
+        self.lock = threading.Lock()
+        self.owner = os.getpid()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and self.owner == os.getpid()
+
+    def start(self) -> None:
+        parent, child = socket.socketpair()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        # the checker and the worker take turns: OpenMP threads that spin after a parallel
+        # region would take the CPU from the other process (unless the user chose a policy)
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        boot = "import sys; from attnverify.worker import main; main(sys.argv[1:])"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", boot, "zygote", str(child.fileno())],
+            pass_fds=[child.fileno()], start_new_session=True, close_fds=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=env, cwd=os.getcwd())
+        child.close()
+        self.sock, self.owner = parent, os.getpid()
+        from attnverify.worker import PRELOAD
+
+        try:
+            wire.send(parent, {"path": [str(p) for p in sys.path], "preload": list(PRELOAD)})
+            reply = _receive(parent, time.monotonic() + ZYGOTE_START_S)
+        except (OSError, EOFError, wire.ProtocolError, TimeoutError) as exc:
+            self.close()
+            raise WorkerFailed(f"could not start the worker processes ({exc})") from None
+        self.pid = int(reply.get("pid", 0))
+
+    def request(self, message: dict, fds=(), wait: float = 60.0) -> dict:
+        with self.lock:
+            if not self.alive():
+                self.start()
+            try:
+                wire.send(self.sock, message, tuple(fds))
+                return _receive(self.sock, time.monotonic() + wait)
+            except (OSError, EOFError, wire.ProtocolError, TimeoutError) as exc:
+                self._stop()
+                raise WorkerFailed(f"the worker processes' zygote failed ({exc})") from None
+
+    def fork(self, memory_limit: bool) -> tuple[int, socket.socket]:
+        mine, theirs = socket.socketpair()
+        try:
+            reply = self.request({"op": "fork", "cwd": os.getcwd(), "env": dict(os.environ),
+                                  "path": [str(p) for p in sys.path],
+                                  "memory_limit": bool(memory_limit)}, (theirs.fileno(),))
+        finally:
+            theirs.close()
+        pid = reply.get("pid")
+        if type(pid) is not int or pid <= 1 or pid in (os.getpid(), self.pid):
+            mine.close()
+            raise WorkerFailed("the zygote answered a fork with no worker")
+        return pid, mine
+
+    def status(self, pid: int, wait: float = STATUS_WAIT_S) -> int | None:
+        try:
+            reply = self.request({"op": "status", "pid": pid, "wait": wait}, wait=wait + 10)
+        except WorkerFailed:
+            return None
+        status = reply.get("status")
+        return status if type(status) is int else None
+
+    def kill(self, pid: int) -> None:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, 9)
+            except OSError:
+                pass
+        try:
+            self.request({"op": "kill", "pid": pid})
+        except WorkerFailed:
+            pass
+
+    def close(self) -> None:
+        """Every worker and whatever they left behind killed and reaped, then the zygote."""
+        with self.lock:
+            self._stop()
+
+    def _stop(self) -> None:
+        if self.sock is not None and self.proc is not None and self.owner == os.getpid():
+            try:
+                wire.send(self.sock, {"op": "exit"})
+                _receive(self.sock, time.monotonic() + 15)
+            except (OSError, EOFError, wire.ProtocolError, TimeoutError):
+                pass
+        if self.proc is not None and self.owner == os.getpid():
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.sock is not None:
+            self.sock.close()
+        self.proc, self.sock = None, None
+
+
+_ZYGOTE = Zygote()
+
+
+def zygote() -> Zygote:
+    return _ZYGOTE
+
+
+def shutdown() -> None:
+    """Kill everything that is not a worker still in use — a closed or failed worker, and
+    anything any worker left behind — and wait until none is left; called before a command
+    writes its results (after closing its targets), so that no process of the code under test
+    outlives the run. The zygote (attnverify's own code: torch imported, no target) stays for
+    the next run of this process, and goes at exit with every worker."""
+    if not _ZYGOTE.alive():
+        return
+    try:
+        reply = _ZYGOTE.request({"op": "sweep"}, wait=30.0)
+    except WorkerFailed:
+        _ZYGOTE.close()
+        return
+    if reply.get("left"):
+        _ZYGOTE.close()
+
+
+atexit.register(_ZYGOTE.close)
+
+
+def _receive(sock: socket.socket, deadline: float) -> dict:
+    """One message by ``deadline`` (``TimeoutError`` after it)."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no answer in time")
+        ready, _, _ = select.select([sock], [], [], min(left, 0.5))
+        if ready:
+            sock.settimeout(max(left, 5.0))
+            try:
+                return wire.receive(sock)
+            finally:
+                sock.settimeout(None)
+
+
+# --------------------------------------------------------------------------------------------
+# One target's worker
+
+
+@dataclasses.dataclass
+class Event:
+    """Something the worker reported: a side effect or a refused output, with the call and the
+    case (``heartbeat.current_case()``) it happened on."""
+
+    what: str
+    op: str
+    case: Any
+    call: int
+    input: torch.Tensor | None = None
+
+
+class Monitor:
+    """What one target's worker reported over the run: side effects, refused outputs, the
+    worker processes it ran in."""
+
+    def __init__(self) -> None:
+        self.effects: list[Event] = []
+        self.refused: list[Event] = []
+        self.pids: list[int] = []
+        self.calls = 0
+
+    def mark(self) -> tuple[int, int]:
+        return len(self.effects), len(self.refused)
+
+
+_REPLY_KEYS = {
+    "load": {"id", "ok", "describe"},
+    "map": {"id", "ok"},
+    "bye": {"id", "ok"},
+    "call": {"id", "ok", "requires_grad", "side_effects"},
+    "calls": {"id", "ok", "side_effects"},
+    "vjp": {"id", "ok", "differentiable", "side_effects"},
+    "vjp2": {"id", "ok", "side_effects"},
+    "jvp": {"id", "ok", "side_effects"},
+}
+_ERROR_KEYS = {"id", "ok", "kind", "type", "message", "side_effects", "index"}
+
+
+class Channel:
+    """The connection to one target's worker, restarted (and the target reloaded) on demand."""
+
+    def __init__(self, kind: str, target: str, params: dict, *, timeout_s: float, device: str,
+                 isolated: bool = True):
+        self.kind = kind
+        self.load_message = {"op": "load", "kind": kind, "target": target,
+                             "params": wire.plain(dict(params or {}))}
+        self.timeout_s = float(timeout_s)
+        self.device = device
+        self.isolated = isolated
+        self.monitor = Monitor()
+        self.description: dict | None = None
+        self.pid = 0
+        self.sock: socket.socket | None = None
+        self.arena: wire.Arena | None = None
+        self.next_id = 0
+        self.local = None
+
+    # ---- lifetime -----------------------------------------------------------------------------
+
+    def open(self) -> dict:
+        if self.description is None:
+            self._start()
+        return self.description
+
+    def _start(self) -> None:
+        if not self.isolated:
+            from attnverify.worker import Server
+
+            self.local = Server()
+            describe = self.local.load(dict(self.load_message))
+        else:
+            self.pid, self.sock = zygote().fork(memory_limit=self.device == "cpu")
+            self.monitor.pids.append(self.pid)
+            self.arena, self.next_id = None, 0
+            reply = self._exchange(self.load_message, (), deadline=time.monotonic() +
+                                   self.timeout_s)
+            if not reply["ok"]:
+                self._discard()
+                self._raise(reply, "load", [], None)
+            describe = reply.get("describe")
+            if not isinstance(describe, dict):
+                self._fail("answered a load without a description")
+        if self.description is None:
+            self.description = describe
+        elif describe != self.description:
+            self._fail("described the target differently when it was loaded again")
+
+    def close(self) -> None:
+        if self.sock is not None:
+            try:
+                wire.send(self.sock, {"op": "bye", "id": -1})
+            except OSError:
+                pass
+            self.sock.close()
+            zygote().kill(self.pid)
+        if self.arena is not None:
+            self.arena.close()
+        self.sock, self.arena, self.local = None, None, None
+
+    def _dead(self, why: str = "") -> WorkerFailed:
+        pid = self.pid
+        self._discard()
+        status = zygote().status(pid) if pid else None
+        if why:
+            reason = why
+        elif status is None:
+            reason = "stopped answering"
+        elif status < 0:
+            import signal
+
+            try:
+                name = signal.Signals(-status).name
+            except ValueError:
+                name = f"signal {-status}"
+            extra = " (out of memory?)" if -status == signal.SIGKILL else ""
+            reason = f"crashed the worker process ({name}{extra})"
+        else:
+            reason = f"exited the worker process (exit code {status})"
+        return WorkerFailed(reason)
+
+    def _discard(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        if self.pid:
+            zygote().kill(self.pid)
+        if self.arena is not None:
+            self.arena.close()
+        self.sock, self.arena, self.pid = None, None, 0
+
+    def _fail(self, what: str):
+        self._discard()
+        raise WorkerFailed(f"broke the worker protocol: the worker {what}")
+
+    # ---- requests -----------------------------------------------------------------------------
+
+    def _exchange(self, message: dict, fds, deadline: float) -> dict:
+        """Send one request, read its one answer, strictly."""
+        sock = self.sock
+        ready, _, _ = select.select([sock], [], [], 0)
+        if ready:  # nothing may arrive unasked: a second answer, or a forged one
+            self._fail("sent a message nobody asked for")
+        self.next_id += 1
+        message = {**message, "id": self.next_id}
+        try:
+            wire.send(sock, message, tuple(fds))
+        except OSError:
+            raise self._dead() from None
+        try:
+            reply = _receive(sock, deadline)
+        except TimeoutError:
+            self._discard()
+            raise WorkerFailed(f"exceeded the per-example time limit of {self.timeout_s:g} s "
+                               "(--timeout)") from None
+        except (EOFError, OSError):
+            raise self._dead() from None
+        except wire.ProtocolError as exc:
+            self._fail(f"sent {exc}")
+        op = message["op"]
+        if reply.get("id") != self.next_id or not isinstance(reply.get("ok"), bool):
+            self._fail("answered with the wrong request id")
+        allowed = _REPLY_KEYS[op] if reply["ok"] else _ERROR_KEYS
+        if not set(reply) <= allowed:
+            self._fail(f"answered a {op} request with unknown keys "
+                       f"{sorted(set(reply) - allowed)[:3]}")
+        return reply
+
+    def request(self, message: dict, tensors: list, outputs: list) -> tuple[dict, list]:
+        """One request on ``tensors``; ``outputs`` are ``(shape, dtype or None, device)`` of the
+        results (``None``: any floating dtype, read as float64). Returns ``(reply, results)``."""
+        self.open()
+        self.monitor.calls += 1
+        if not self.isolated:
+            return self._local(message, tensors, outputs)
+        if self.sock is None:
+            self._start()
+        layout = wire.Layout()
+        need = sum(_span_bytes(t) + wire.ALIGN for t in tensors)
+        need += sum(math.prod(s) * _itemsize(d) + wire.ALIGN for s, d, _ in outputs)
+        self._ensure_arena(need)
+        slots = [wire.write_tensor(self.arena, layout, t, device=str(t.device)) for t in tensors]
+        outs = [wire.output_slot(layout, shape, dtype or torch.float64, "cpu")
+                for shape, dtype, _ in outputs]
+        expect = [{"size": list(shape), "dtype": None if dtype is None else wire.dtype_name(dtype),
+                   "device": device} for shape, dtype, device in outputs]
+        body = {**message, "tensors": [s.to_json() for s in slots],
+                "out": [s.to_json() for s in outs], "expect": expect}
+        reply = self._exchange(body, (), heartbeat.deadline(self.timeout_s))
+        self._record(reply, message["op"], tensors, message.get("fn"))
+        if not reply["ok"]:
+            self._raise(reply, message["op"], tensors, message.get("fn"))
+        results = []
+        for slot, (_, _, device) in zip(outs, outputs):
+            t = wire.read_tensor(self.arena, slot)
+            results.append(t if device in (None, "cpu") else t.to(device))
+        return reply, results
+
+    def _local(self, message: dict, tensors: list, outputs: list) -> tuple[dict, list]:
+        from attnverify import worker
+
+        fresh = [_fresh(t) for t in tensors]
+        expect = [{"size": list(shape), "dtype": None if dtype is None else wire.dtype_name(dtype),
+                   "device": device} for shape, dtype, device in outputs]
+        try:
+            reply, results = self.local.handle({**message, "expect": expect}, fresh)
+        except (worker.Raised, worker.Border) as exc:
+            if isinstance(exc, worker.Raised):
+                name, text = worker.describe_exception(exc.cause)
+                reply = {"ok": False, "kind": "raised", "type": name, "message": text}
+            else:
+                reply = {"ok": False, "kind": "border", "type": "", "message": str(exc)}
+            reply["side_effects"] = list(getattr(exc, "side_effects", []))
+            if getattr(exc, "index", None) is not None:
+                reply["index"] = exc.index
+        self._record(reply, message["op"], tensors, message.get("fn"))
+        if not reply["ok"]:
+            self._raise(reply, message["op"], tensors, message.get("fn"))
+        out = []
+        for t, (_, dtype, _device) in zip(results, outputs):
+            t = t.detach().clone(memory_format=torch.contiguous_format)
+            out.append(t if dtype is not None else t.to(torch.float64))
+        return reply, out
+
+    def _ensure_arena(self, need: int) -> None:
+        if self.arena is not None and self.arena.size >= need:
+            return
+        size = max(wire.MIN_ARENA, 2 * need, 2 * (self.arena.size if self.arena else 0))
+        arena = wire.Arena.create(size)
+        try:
+            reply = self._exchange({"op": "map", "size": arena.size}, (arena.fd,),
+                                   time.monotonic() + self.timeout_s)
+        finally:
+            arena.release_fd()
+        if not reply["ok"]:
+            arena.close()
+            self._fail("could not map the shared memory")
+        if self.arena is not None:
+            self.arena.close()
+        self.arena = arena
+
+    def _record(self, reply: dict, op: str, tensors: list, fn) -> None:
+        effects = reply.get("side_effects", [])
+        if not isinstance(effects, list) or not all(isinstance(e, str) for e in effects):
+            self._fail("reported side effects that are not a list of text")
+        scores = self._scores(tensors, fn)
+        for what in effects:
+            self.monitor.effects.append(Event(what[:300], op, heartbeat.current_case(),
+                                              self.monitor.calls, scores))
+
+    def _scores(self, tensors: list, fn) -> torch.Tensor | None:
+        """The scores a normalizer was called on (for the report), else ``None``."""
+        if self.kind != "normalizer" or not tensors or fn not in (None, "target"):
+            return None
+        return tensors[0].detach().clone()
+
+    def _raise(self, reply: dict, op: str, tensors: list, fn):
+        kind = reply.get("kind")
+        text, name = str(reply.get("message", ""))[:600], str(reply.get("type", ""))[:80]
+        index = reply.get("index")
+        if index is not None and (type(index) is not int or not 0 <= index < len(tensors)):
+            self._fail("answered with a call index out of range")
+        if kind == "border":
+            scores = self._scores(tensors[index:] if index is not None else tensors, fn)
+            self.monitor.refused.append(Event(text, op, heartbeat.current_case(),
+                                              self.monitor.calls, scores))
+            raise Refused(text)
+        if kind == "usage":
+            raise UsageError(text)
+        raised = TargetRaised(name, text)
+        raised.index = index
+        raise raised
+
+
+def _span_bytes(t: torch.Tensor) -> int:
+    return wire.span_elements(t) * t.element_size()
+
+
+def _itemsize(dtype) -> int:
+    return (dtype or torch.float64).itemsize
+
+
+def _fresh(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in new storage with the same sizes, strides and storage offset."""
+    t = t.detach()
+    n = wire.span_elements(t)
+    storage = torch.empty(n, dtype=t.dtype, device=t.device)
+    if n:
+        storage.copy_(torch.as_strided(t, (n,), (1,), 0))
+    return torch.as_strided(storage, t.shape, t.stride(), t.storage_offset() if n else 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd through the boundary
+
+
+class _Site:
+    """One call of a remote function: which function, its arguments, what it returns."""
+
+    def __init__(self, channel: Channel, fn: str, args: list, kwargs: dict, expect, grad_mode):
+        self.channel, self.fn, self.args, self.kwargs = channel, fn, args, kwargs
+        self.expect, self.grad_mode = expect, grad_mode
+        self.no_graph = False
+        self.differentiable: list[bool] = []
+
+    def _message(self, op: str, **extra) -> dict:
+        return {"op": op, "fn": self.fn, "args": self.args, "kwargs": self.kwargs, **extra}
+
+    def forward(self, tensors) -> torch.Tensor:
+        grad = [bool(t.requires_grad) for t in tensors]
+        reply, (out,) = self.channel.request(
+            self._message("call", grad=grad, grad_mode=self.grad_mode), list(tensors),
+            [self.expect(tensors)])
+        requires_grad = reply.get("requires_grad", False)
+        if not isinstance(requires_grad, bool):
+            self.channel._fail("answered a call with a requires_grad that is not true or false")
+        # the worker ran with grad only where this process asked for it; there, an output
+        # without a graph means the target is not differentiable (reverse mode)
+        self.no_graph = self.grad_mode and any(grad) and not requires_grad
+        return out
+
+    def _forward_expect(self, tensors) -> list:
+        shape, dtype, device = self.expect(tensors)
+        return [{"size": list(shape), "dtype": None if dtype is None else wire.dtype_name(dtype),
+                 "device": device}]
+
+    def vjp(self, tensors, grad, wrt, create_graph: bool):
+        n = len(tensors)
+        outputs = [(tuple(tensors[i].shape), tensors[i].dtype, str(tensors[i].device))
+                   for i in wrt]
+        grad = grad.to(self.expect(tensors)[1] or grad.dtype)
+        reply, grads = self.channel.request(
+            self._message("vjp", wrt=list(wrt), cotangent=n, create_graph=create_graph,
+                          expect_forward=self._forward_expect(tensors)),
+            [*tensors, grad], outputs)
+        differentiable = reply.get("differentiable", [])
+        if not isinstance(differentiable, list) or len(differentiable) != len(wrt):
+            self.channel._fail("answered a vjp without one flag per gradient")
+        return grads, [bool(d) for d in differentiable]
+
+    def vjp2(self, tensors, grad, wrt, outer):
+        n = len(tensors)
+        outputs = [(tuple(tensors[i].shape), tensors[i].dtype, str(tensors[i].device))
+                   for i in wrt] + [(tuple(grad.shape), grad.dtype, str(grad.device))]
+        extra = [o.to(tensors[i].dtype) for i, o in zip(wrt, outer)]
+        _, grads = self.channel.request(
+            self._message("vjp2", wrt=list(wrt), cotangent=n,
+                          outer=list(range(n + 1, n + 1 + len(extra))),
+                          expect_forward=self._forward_expect(tensors)),
+            [*tensors, grad, *extra], outputs)
+        return grads[:-1], grads[-1]
+
+    def jvp(self, tensors, wrt, tangents):
+        n = len(tensors)
+        used = [t.to(tensors[i].dtype) for i, t in zip(wrt, tangents)]
+        _, (out,) = self.channel.request(
+            self._message("jvp", wrt=list(wrt), tangents=list(range(n, n + len(used))),
+                          expect_forward=self._forward_expect(tensors)),
+            [*tensors, *used], [self.expect(tensors)])
+        return out
+
+
+class _Call(torch.autograd.Function):
+    """A remote call as an autograd node: backward, forward mode and double backward are
+    requests to the worker. The requests are made in the ``forward`` of a Function
+    (:class:`_VJP`, :class:`_JVP`), which torch's transforms call on plain tensors."""
+
+    @staticmethod
+    def forward(site, *tensors):
+        return site.forward(tensors)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        site, *tensors = inputs
+        ctx.site = site
+        if site.no_graph:
+            ctx.mark_non_differentiable(output)
+        ctx.save_for_backward(*tensors)
+        ctx.save_for_forward(*tensors)
+
+    @staticmethod
+    def backward(ctx, grad):
+        tensors = ctx.saved_tensors
+        wrt = tuple(i for i, need in enumerate(ctx.needs_input_grad[1:]) if need)
+        if not wrt:
+            return (None, *([None] * len(tensors)))
+        grads = _VJP.apply(ctx.site, wrt, torch.is_grad_enabled(), grad, *tensors)
+        full: list = [None] * len(tensors)
+        for i, g in zip(wrt, grads):
+            full[i] = g
+        return (None, *full)
+
+    @staticmethod
+    def jvp(ctx, _site, *tangents):
+        tensors = ctx.saved_tensors
+        wrt = tuple(i for i, t in enumerate(tangents) if t is not None)
+        return _JVP.apply(ctx.site, wrt, len(tensors), *tensors,
+                          *(tangents[i] for i in wrt))
+
+
+class _VJP(torch.autograd.Function):
+    """The gradient ``Jᵀg`` as an autograd node of its own, for a gradient of a gradient."""
+
+    @staticmethod
+    def forward(site, wrt, create_graph, grad, *tensors):
+        grads, differentiable = site.vjp(tensors, grad, wrt, create_graph=create_graph)
+        site.differentiable = differentiable
+        return tuple(grads)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        site, wrt, _create, grad, *tensors = inputs
+        ctx.site, ctx.wrt = site, wrt
+        dead = [g for g, d in zip(output, site.differentiable) if not d]
+        if dead:
+            ctx.mark_non_differentiable(*dead)
+        ctx.save_for_backward(grad, *tensors)
+
+    @staticmethod
+    def backward(ctx, *outer):
+        grad, *tensors = ctx.saved_tensors
+        outer = [torch.zeros_like(tensors[i]) if o is None else o for i, o in zip(ctx.wrt, outer)]
+        grads, d_grad = ctx.site.vjp2(tensors, grad, ctx.wrt, outer)
+        full: list = [None] * len(tensors)
+        for i, g in zip(ctx.wrt, grads):
+            full[i] = g
+        return (None, None, None, d_grad, *full)
+
+
+class _JVP(torch.autograd.Function):
+    """A Jacobian–vector product ``J·t`` (forward mode) asked of the worker."""
+
+    @staticmethod
+    def forward(site, wrt, n, *tensors_and_tangents):
+        tensors, tangents = tensors_and_tangents[:n], tensors_and_tangents[n:]
+        return site.jvp(tensors, wrt, tangents)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("attnverify: a forward-mode product is not differentiated further")
+
+
+def _tensor_positions(values: list) -> tuple[list, list, list]:
+    """``(tensors, args)``: tensors pulled out of ``values`` as ``{"$tensor": i}``."""
+    tensors, out = [], []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append({"$tensor": len(tensors)})
+            tensors.append(v)
+        else:
+            out.append(wire.plain(v))
+    return tensors, out
+
+
+def _apply(channel: Channel, fn: str, args: list, kwargs: dict, expect) -> torch.Tensor:
+    tensors, plain_args = _tensor_positions(args)
+    plain_kwargs = {}
+    for k, v in kwargs.items():
+        if isinstance(v, torch.Tensor):
+            plain_kwargs[k] = {"$tensor": len(tensors)}
+            tensors.append(v)
+        else:
+            plain_kwargs[k] = wire.plain(v)
+    site = _Site(channel, fn, plain_args, plain_kwargs, expect, torch.is_grad_enabled())
+    return _Call.apply(site, *tensors)
+
+
+def _same_as_first(tensors):
+    t = tensors[0]
+    return tuple(t.shape), t.dtype, str(t.device)
+
+
+def _any_float_like_first(tensors):
+    t = tensors[0]
+    return tuple(t.shape), None, str(t.device)
+
+
+# --------------------------------------------------------------------------------------------
+# Proxies
+
+
+class RemoteFunction:
+    """``fn(scores, dim=-1, **params)`` of a target (or of its own reference) in a worker."""
+
+    def __init__(self, channel: Channel, fn: str, name: str, defaults: dict, signature: dict,
+                 same_dtype: bool = True):
+        self.channel, self.fn, self.defaults = channel, fn, dict(defaults)
+        self.same_dtype = same_dtype
+        self.__name__ = self.__qualname__ = name
+        self.__doc__ = f"{name}, called in its worker process"
+        names = [n for n in signature.get("accepts", []) if isinstance(n, str)
+                 and n.isidentifier()]
+        params = [inspect.Parameter("scores", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                  inspect.Parameter("dim", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=-1)]
+        params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
+                   for n in names]
+        if signature.get("var_keywords"):
+            params.append(inspect.Parameter("params", inspect.Parameter.VAR_KEYWORD))
+        self.__signature__ = inspect.Signature(params)
+
+    @property
+    def monitor(self) -> Monitor:
+        return self.channel.monitor
+
+    def _overrides(self, params: dict) -> dict:
+        return {k: wire.plain(v) for k, v in params.items()
+                if k not in self.defaults or wire.plain(v) != self.defaults[k]}
+
+    def __call__(self, scores, dim=-1, **params):
+        if not isinstance(scores, torch.Tensor):
+            scores = torch.as_tensor(scores)
+        expect = _same_as_first if self.same_dtype else _any_float_like_first
+        return _apply(self.channel, self.fn, [scores], {"dim": dim, **self._overrides(params)},
+                      expect)
+
+    def many(self, inputs: list, dim=-1, *, reuse: dict | None = None, **params) -> list:
+        """The function on each of ``inputs`` (no grad), in order, in one request; a call that
+        raises raises :class:`TargetRaised` with its ``index``. ``reuse`` ``{i: j}``: call ``i``
+        gets its values in the very tensor (storage, address) call ``j`` was given, after call
+        ``j`` returned."""
+        kwargs = {"dim": dim, **self._overrides(params)}
+        calls, outputs = [], []
+        for i, t in enumerate(inputs):
+            calls.append({"args": [{"$tensor": i}], "kwargs": kwargs})
+            if reuse and i in reuse:
+                calls[-1]["reuse"] = int(reuse[i])
+            dtype = t.dtype if self.same_dtype else None
+            outputs.append((tuple(t.shape), dtype, str(t.device)))
+        _, results = self.channel.request({"op": "calls", "fn": self.fn, "calls": calls},
+                                          list(inputs), outputs)
+        return results
+
+
+class RemoteKernelFunction:
+    """``F(l, T)`` or ``F'(l, T)`` of a target's own kernel, evaluated in its worker."""
+
+    def __init__(self, channel: Channel, fn: str):
+        self.channel, self.fn = channel, fn
+
+    def __call__(self, l, t):
+        l = torch.as_tensor(l)
+        return _apply(self.channel, self.fn, [l, float(t)], {}, _any_float_like_first)
+
+
+class RemoteAttentionFunction:
+    """An attention kernel ``f(q, k, v, attn_mask, is_causal, scale, **kw)`` in a worker."""
+
+    def __init__(self, channel: Channel, name: str):
+        self.channel = channel
+        self.__name__ = self.__qualname__ = name
+
+    @property
+    def monitor(self) -> Monitor:
+        return self.channel.monitor
+
+    def __call__(self, q, k, v, attn_mask=None, is_causal=False, scale=None, **kw):
+        def expect(tensors):
+            q_, v_ = tensors[0], tensors[2]
+            return (*q_.shape[:-1], v_.shape[-1]), q_.dtype, str(q_.device)
+
+        kwargs = {"attn_mask": attn_mask, "is_causal": bool(is_causal), "scale": scale, **kw}
+        return _apply(self.channel, "target", [q, k, v], kwargs, expect)
+
+
+def channel_of(spec) -> Channel | None:
+    monitor = monitor_of(spec)
+    fn = getattr(spec, "fn", None)
+    attention = getattr(fn, "attention", None)
+    fn = getattr(attention, "fn", fn)
+    return getattr(fn, "channel", None) if monitor is not None else None
+
+
+# --------------------------------------------------------------------------------------------
+# Opening targets
+
+
+def open_normalizer(target: str, params: dict | None, ctx):
+    """The normalizer ``target`` loaded in a worker of its own (in this process under
+    ``--no-isolation``), as a :class:`~attnverify.spec.NormalizerSpec` whose function, kernel and
+    own reference are proxies. Usage errors of the load raise :class:`UsageError`; a worker that
+    dies or hangs while loading raises :class:`WorkerFailed`."""
+    from attnverify.spec import Kernel, NormalizerSpec
+
+    channel = Channel("normalizer", target, dict(params or {}), timeout_s=ctx.timeout_s,
+                      device=ctx.device, isolated=bool(getattr(ctx, "isolation", True)))
+    d = _described(channel)
+    fn = RemoteFunction(channel, "target", str(d.get("id", target)), d.get("params") or {},
+                        d.get("signature") or {"accepts": list(d.get("params") or {}),
+                                               "var_keywords": False})
+    kernel = None
+    if isinstance(d.get("kernel"), dict):
+        kernel = Kernel(F=RemoteKernelFunction(channel, "kernel_F"),
+                        dF=RemoteKernelFunction(channel, "kernel_dF"),
+                        formula=str(d["kernel"].get("formula", "")))
+    fields = {f.name for f in dataclasses.fields(NormalizerSpec)}
+    extra = {k: _tuple(v) for k, v in d.items()
+             if k in fields and k not in ("fn", "kernel", "reference", "param_checks", "params",
+                                          "claims")}
+    fn.runtime = d.get("runtime") if isinstance(d.get("runtime"), dict) else {}
+    spec = NormalizerSpec(fn=fn, kernel=kernel, params=dict(d.get("params") or {}),
+                          claims=tuple(d.get("claims") or ()), reference=None, **extra)
+    return dataclasses.replace(spec, reference=_reference(channel, d.get("reference")))
+
+
+def _tuple(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _described(channel: Channel) -> dict:
+    d = channel.open()
+    if not isinstance(d.get("id"), str) or not isinstance(d.get("params", {}), dict):
+        channel._fail("described the target without an id or parameters")
+    return d
+
+
+class OwnReference(RemoteFunction):
+    """A reference the target's own module declares: code under test, evaluated in its worker."""
+
+    def __init__(self, channel: Channel, label: str, params: dict, signature: dict):
+        super().__init__(channel, "reference", label, params, signature, same_dtype=False)
+        self.label = label
+
+
+def _reference(channel: Channel, d):
+    """The spec's ``reference`` in this process: an attnverify formula or built-in (evaluated
+    here), or an :class:`OwnReference` (in the worker); ``None`` for none or the kernel's
+    general form (built here from the kernel's remote ``F``)."""
+    if d is None or not isinstance(d, dict):
+        return None
+    kind = d.get("kind")
+    if kind == "formula":
+        from attnverify.normalizers.reference import REFERENCES
+
+        return REFERENCES.get(str(d.get("name")))
+    if kind == "builtin":
+        return str(d.get("name"))
+    if kind == "own":
+        from attnverify.spec import normalizer_spec
+
+        label = str(d.get("label", "reference"))
+        own = OwnReference(channel, label, d.get("params") or {}, d)
+        return normalizer_spec(own, id=f"{label} (the target's own, in its worker)",
+                               params=dict(d.get("params") or {}), claims=(), space="any")
+    return None
+
+
+def open_attention(target: str, params: dict | None, ctx):
+    """The attention kernel ``target`` loaded in a worker of its own, as an
+    :class:`~attnverify.attention.spec.AttentionSpec` whose function is a proxy."""
+    from attnverify.attention.spec import AttentionSpec
+    from attnverify.registry import builtin_ids
+
+    channel = Channel("attention", target, dict(params or {}), timeout_s=ctx.timeout_s,
+                      device=ctx.device, isolated=bool(getattr(ctx, "isolation", True)))
+    d = _described(channel)
+    fields = {f.name for f in dataclasses.fields(AttentionSpec)}
+    values = {k: _tuple(v) for k, v in d.items() if k in fields and k not in ("fn", "dtypes")}
+    values["dtypes"] = tuple(getattr(torch, name) for name in d.get("dtypes", [])
+                             if name in wire.DTYPE_NAMES)
+    if values.get("claims") is not None:
+        values["claims"] = tuple(values["claims"])
+    values["reference"] = _attention_reference(str(d.get("reference") or ""))
+    fn = RemoteAttentionFunction(channel, str(d.get("id", target)))
+    fn.runtime = d.get("runtime") if isinstance(d.get("runtime"), dict) else {}
+    if values.get("normalizer") not in builtin_ids():
+        raise UsageError(f"attention target {target!r}: normalizer={values.get('normalizer')!r} "
+                         "is not a built-in normalizer id (attnverify list)")
+    return AttentionSpec(fn=fn, **values)
+
+
+def _attention_reference(name: str) -> str:
+    """A reference a kernel declares is honoured only when it names a built-in (a normalizer id
+    or a built-in attention id): anything else would run the target's code in the checker."""
+    if not name:
+        return ""
+    from attnverify.attention.kernels import builtins as attention_builtins
+    from attnverify.registry import builtin_ids
+
+    return name if name in builtin_ids() or name in attention_builtins() else ""

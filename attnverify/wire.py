@@ -1,0 +1,380 @@
+"""The worker protocol: what crosses between the checker and the worker that runs the target.
+
+This is the bottom layer of the isolation (docs/ARCHITECTURE.md, "Two processes"). It imports
+nothing of attnverify, so the worker (:mod:`attnverify.worker`) can use it without reaching any
+module of the checker, and the checker (:mod:`attnverify.remote`) uses the same definitions.
+
+- **Frames.** Every message is one frame on a Unix stream socket: a 4-byte big-endian length,
+  then that many bytes of UTF-8 JSON holding one object. Nothing is pickled in either direction;
+  a frame longer than :data:`MAX_FRAME` or that is not a JSON object is a protocol error.
+  :func:`parse` rejects ``NaN``, ``Infinity`` and duplicate keys, so a value the parser accepts
+  has one meaning.
+- **Tensors** travel through a shared-memory *arena* (an anonymous ``memfd`` mapped by both
+  sides; its descriptor crosses once, with ``SCM_RIGHTS``, and is closed after mapping). A tensor
+  is described by :class:`Slot`: where its bytes lie in the arena, its dtype, and its layout
+  (sizes, strides, storage offset). The bytes are the storage span the view reaches, from
+  element 0 of its storage, so the receiver rebuilds the *same* view (``as_strided`` on fresh
+  storage), not a contiguous copy.
+- **Answers** carry flags and messages only; output tensors are written by the worker into slots
+  the checker allocated with the shape and dtype it expects, and the checker reads them once,
+  into storage of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+#: Largest frame accepted (bytes). Tensors never travel in frames.
+MAX_FRAME = 1 << 24
+#: Every tensor's bytes start at a multiple of this in the arena.
+ALIGN = 64
+#: Smallest arena (bytes); it grows by doubling.
+MIN_ARENA = 1 << 22
+
+DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16", "bool", "int64", "int32", "int16",
+               "int8", "uint8")
+
+
+class ProtocolError(Exception):
+    """A frame or an answer that does not follow the protocol."""
+
+
+# --------------------------------------------------------------------------------------------
+# JSON, strictly
+
+
+def _reject_constant(name: str):
+    raise ProtocolError(f"non-finite number {name} in a message")
+
+
+def _no_duplicates(pairs):
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ProtocolError(f"duplicate key {key!r} in a message")
+        out[key] = value
+    return out
+
+
+def parse(data: bytes) -> dict:
+    """One message: a JSON object, no non-finite numbers, no duplicate keys."""
+    try:
+        text = data.decode("utf-8")
+        value = json.loads(text, parse_constant=_reject_constant,
+                           object_pairs_hook=_no_duplicates)
+    except ProtocolError:
+        raise
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"a message that is not JSON ({type(exc).__name__})") from None
+    if not isinstance(value, dict):
+        raise ProtocolError(f"a message that is a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def dump(message: dict) -> bytes:
+    return json.dumps(message, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON-safe data: non-finite floats as the strings ``"inf"``, ``"-inf"``,
+    ``"nan"``; tuples as lists; anything else that JSON cannot hold as its ``repr``."""
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    return repr(value)
+
+
+# --------------------------------------------------------------------------------------------
+# Frames
+
+
+def send(sock: socket.socket, message: dict, fds: tuple[int, ...] = ()) -> None:
+    data = dump(message)
+    if len(data) > MAX_FRAME:
+        raise ProtocolError(f"a message of {len(data)} bytes (limit {MAX_FRAME})")
+    frame = struct.pack(">I", len(data)) + data
+    if fds:
+        sent = socket.send_fds(sock, [frame], list(fds))
+        if sent < len(frame):
+            sock.sendall(frame[sent:])
+    else:
+        sock.sendall(frame)
+
+
+def _read_exact(sock: socket.socket, n: int, fds: list | None = None) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        if fds is not None:
+            data, new_fds, _flags, _addr = socket.recv_fds(sock, n - got, 4)
+            fds.extend(new_fds)
+        else:
+            data = sock.recv(n - got)
+        if not data:
+            raise EOFError("the peer closed the channel")
+        chunks.append(data)
+        got += len(data)
+    return b"".join(chunks)
+
+
+def receive(sock: socket.socket, *, with_fds: bool = False):
+    """One message (``(message, fds)`` with ``with_fds``). ``EOFError`` when the peer is gone."""
+    fds: list | None = [] if with_fds else None
+    head = _read_exact(sock, 4, fds)
+    (length,) = struct.unpack(">I", head)
+    if length > MAX_FRAME:
+        raise ProtocolError(f"a frame of {length} bytes (limit {MAX_FRAME})")
+    message = parse(_read_exact(sock, length, fds))
+    return (message, fds or []) if with_fds else message
+
+
+# --------------------------------------------------------------------------------------------
+# The arena
+
+
+def _memfd(size: int) -> int:
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("attnverify-arena", getattr(os, "MFD_CLOEXEC", 0))
+    else:  # no memfd (not Linux): an unlinked temporary file
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="attnverify-arena-")
+        os.unlink(path)
+        os.set_inheritable(fd, False)
+    os.ftruncate(fd, size)
+    return fd
+
+
+class Arena:
+    """A shared-memory region both processes map. The checker creates it (:meth:`create`) and
+    sends its descriptor once; the worker maps it (:meth:`attach`) and closes the descriptor, so
+    that nothing but the channel stays open in the worker (Python's ``mmap`` keeps a duplicate
+    of the descriptor; the mapping is made with libc's ``mmap`` where it can be)."""
+
+    def __init__(self, buffer, size: int, fd: int | None = None, unmap=None):
+        self.buffer, self.size, self.fd, self._unmap = buffer, size, fd, unmap
+
+    @classmethod
+    def create(cls, size: int) -> Arena:
+        size = max(MIN_ARENA, _round_up(size, mmap.PAGESIZE))
+        fd = _memfd(size)
+        buffer, unmap = _map(fd, size)
+        return cls(buffer, size, fd, unmap)
+
+    @classmethod
+    def attach(cls, fd: int, size: int) -> Arena:
+        try:
+            if os.fstat(fd).st_size < size:
+                raise ProtocolError("the arena is smaller than announced")
+            buffer, unmap = _map(fd, size)
+        finally:
+            os.close(fd)
+        return cls(buffer, size, None, unmap)
+
+    def release_fd(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def close(self) -> None:
+        self.release_fd()
+        unmap, self._unmap = self._unmap, None
+        if unmap is not None:
+            try:
+                unmap()
+            except BufferError:  # a view is still exported: the mapping goes with the process
+                pass
+
+
+def _map(fd: int, size: int):
+    """``(writable buffer, unmap)`` over ``size`` bytes of ``fd``, shared; the buffer does not
+    hold the descriptor."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        address = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap failed")
+        buffer = (ctypes.c_char * size).from_address(address)
+
+        def unmap():
+            libc.munmap(address, size)
+
+        return buffer, unmap
+    except (OSError, AttributeError):  # no libc mmap: Python's (which keeps a descriptor)
+        buffer = mmap.mmap(fd, size)
+        return buffer, buffer.close
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+# --------------------------------------------------------------------------------------------
+# Tensors in the arena
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A tensor in the arena: bytes at ``offset`` (``elements`` elements of ``dtype``, the
+    storage from element 0 to the last the view reaches), viewed with ``size``, ``stride`` and
+    ``storage_offset``; ``device`` is where the receiver puts it."""
+
+    offset: int
+    elements: int
+    dtype: str
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+    device: str = "cpu"
+
+    def to_json(self) -> dict:
+        return {"offset": self.offset, "elements": self.elements, "dtype": self.dtype,
+                "size": list(self.size), "stride": list(self.stride),
+                "storage_offset": self.storage_offset, "device": self.device}
+
+    @classmethod
+    def from_json(cls, data: Any, arena_size: int) -> Slot:
+        """A slot from a message, every field checked (types, ranges, inside the arena)."""
+        if not isinstance(data, dict) or set(data) != {"offset", "elements", "dtype", "size",
+                                                        "stride", "storage_offset", "device"}:
+            raise ProtocolError("a tensor slot with missing or extra fields")
+        ints = [data["offset"], data["elements"], data["storage_offset"], *data["size"],
+                *data["stride"]] if isinstance(data["size"], list) and \
+            isinstance(data["stride"], list) else None
+        if ints is None or any(type(v) is not int or v < 0 for v in ints):
+            raise ProtocolError("a tensor slot with a field that is not a non-negative integer")
+        if data["dtype"] not in DTYPE_NAMES or not isinstance(data["device"], str):
+            raise ProtocolError(f"a tensor slot with dtype {data['dtype']!r}")
+        if len(data["size"]) != len(data["stride"]) or len(data["size"]) > 16:
+            raise ProtocolError("a tensor slot whose sizes and strides do not match")
+        slot = cls(data["offset"], data["elements"], data["dtype"], tuple(data["size"]),
+                   tuple(data["stride"]), data["storage_offset"], data["device"])
+        if slot.offset % ALIGN or slot.offset + slot.nbytes > arena_size:
+            raise ProtocolError("a tensor slot outside the arena")
+        if slot.reach > slot.elements:
+            raise ProtocolError("a tensor slot whose view reaches past its bytes")
+        return slot
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        return self.elements * self.itemsize
+
+    @property
+    def reach(self) -> int:
+        """Elements of storage the view needs (0 for an empty view)."""
+        if any(n == 0 for n in self.size):
+            return 0
+        return self.storage_offset + sum((n - 1) * s for n, s in zip(self.size, self.stride)) + 1
+
+
+_ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int64": 8,
+             "int32": 4, "int16": 2, "int8": 1, "uint8": 1}
+
+
+def dtype_name(dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in _ITEMSIZE:
+        raise ProtocolError(f"tensors of dtype {name} do not cross the process boundary")
+    return name
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def span_elements(t) -> int:
+    """Storage elements from element 0 to the last one ``t`` reaches."""
+    if t.numel() == 0:
+        return 0
+    return t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1
+
+
+class Layout:
+    """Allocation of slots in an arena for one request (a bump allocator from 0)."""
+
+    def __init__(self) -> None:
+        self.used = 0
+
+    def take(self, nbytes: int) -> int:
+        offset = _round_up(self.used, ALIGN)
+        self.used = offset + nbytes
+        return offset
+
+
+def view_of(arena: Arena, slot: Slot, elements: int | None = None):
+    """A tensor over the arena's bytes of ``slot``: 1-D, ``elements`` long (default all)."""
+    import torch
+
+    count = slot.elements if elements is None else elements
+    if count == 0:
+        return torch.empty(0, dtype=torch_dtype(slot.dtype))
+    return torch.frombuffer(arena.buffer, dtype=torch_dtype(slot.dtype), count=count,
+                            offset=slot.offset)
+
+
+def write_tensor(arena: Arena, layout: Layout, t, device: str | None = None) -> Slot:
+    """Copy ``t``'s storage span into the arena; the slot rebuilds the same view."""
+    import torch
+
+    t = t.detach()
+    elements = span_elements(t)
+    itemsize = t.element_size()
+    offset = layout.take(elements * itemsize)
+    slot = Slot(offset, elements, dtype_name(t.dtype), tuple(t.shape), tuple(t.stride()),
+                t.storage_offset() if elements else 0, device or str(t.device))
+    if elements:
+        if layout.used > arena.size:
+            raise ProtocolError("the arena is too small for this request")
+        flat = torch.as_strided(t, (elements,), (1,), 0)
+        view_of(arena, slot).copy_(flat)
+    return slot
+
+
+def output_slot(layout: Layout, shape, dtype, device: str) -> Slot:
+    """A contiguous slot for a result the worker writes (``shape`` and ``dtype`` expected)."""
+    shape = tuple(int(n) for n in shape)
+    numel = math.prod(shape)
+    stride, acc = [], 1
+    for n in reversed(shape):
+        stride.append(acc)
+        acc *= max(n, 1)
+    name = dtype_name(dtype)
+    offset = layout.take(numel * _ITEMSIZE[name])
+    return Slot(offset, numel, name, shape, tuple(reversed(stride)), 0, device)
+
+
+def read_tensor(arena: Arena, slot: Slot, *, fresh: bool = True):
+    """The tensor ``slot`` describes, in new storage of its own (the same sizes, strides and
+    storage offset), on ``slot.device``."""
+    import torch
+
+    dtype = torch_dtype(slot.dtype)
+    storage = torch.empty(slot.elements, dtype=dtype, device=slot.device)
+    if slot.elements:
+        storage.copy_(view_of(arena, slot))
+    return torch.as_strided(storage, slot.size, slot.stride, slot.storage_offset)

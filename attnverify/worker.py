@@ -1,0 +1,957 @@
+"""The worker: the process that loads the code under test and does nothing but call it.
+
+docs/ARCHITECTURE.md ("Two processes") has the picture. The checker (every check, reference,
+tolerance, Hypothesis run, shrink, bound and report) runs in another process and reaches the
+target only through the requests of :mod:`attnverify.wire`, which this module answers:
+
+- ``load``: import the target (a normalizer or an attention kernel) and describe what it
+  declares (parameters, claims, output space, kernel, reference, restrictions);
+- ``call``: the target (or its own kernel ``F``/``F'``, or its own reference) on given tensors;
+- ``vjp``: vector–Jacobian products for given cotangents (``create_graph`` tells whether the
+  gradient is itself differentiable);
+- ``vjp2``: the derivative of ``⟨vjp, outer⟩`` (double backward), with respect to the inputs and
+  to the cotangent;
+- ``jvp``: a Jacobian–vector product by forward mode (``torch.func.jvp``).
+
+Every request gets its inputs in fresh storage with the layout the checker gave (sizes, strides,
+storage offset), and the inputs of recent calls stay alive, so no address is reused while a
+cache keyed on it could still answer. Every output is checked at the border
+(:meth:`Server.accept`): exactly ``torch.Tensor`` (no subclass), strided and materialised, of the
+expected shape, dtype and device, sharing storage with no input and no recent output. Around
+every call of the code under test the global state a later call depends on (grad mode, default
+dtype and device, deterministic algorithms, float32 matmul precision, threads, anomaly mode, the
+torch functions this module uses) is compared with its state before the call; a change is
+reported to the checker (``side_effects``) and undone.
+
+This module imports :mod:`attnverify.wire` and, to load targets, the loaders
+(:mod:`attnverify.registry`, :mod:`attnverify.attention.loader`); never a module of the checker
+(``tests/test_isolation.py`` checks it). :class:`Server` also serves the checker's own process
+under ``--no-isolation`` (debugging), with the same border checks and state checks.
+
+The process side: a *zygote* (``python -m attnverify.worker zygote FD``) imports torch once and
+forks one worker per target on request. A worker starts in a session of its own, with no file
+descriptor but its channel (``stdin``/``stdout``/``stderr`` are ``/dev/null``), under a memory
+limit on the CPU, and dies with the zygote; the zygote is a child subreaper, so a process a
+worker leaves behind is reparented to it and killed.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from attnverify import wire
+
+#: Inputs and outputs of recent calls stay referenced, up to this many bytes each (no address
+#: is reused among them, so a cache keyed on an address cannot answer a later call).
+RECENT_BYTES = 256 << 20
+#: Longest message text sent back (a target's exception message included).
+MAX_TEXT = 600
+
+
+class Border(Exception):
+    """An output the checker must not receive (wrong type, shape, aliasing, …)."""
+
+
+class Raised(Exception):
+    """The code under test raised ``cause``."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _text(value: Any) -> str:
+    text = " ".join(str(value).split())
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
+
+
+def describe_exception(exc: BaseException) -> tuple[str, str]:
+    """``(type name, first line of the message)``, both short and printable."""
+    name = type(exc).__name__
+    text = str(exc).strip()
+    return _text(name)[:80], _text(text.splitlines()[0] if text else "")
+
+
+# --------------------------------------------------------------------------------------------
+# Global state a target must leave as it found it
+
+
+def _lookup(owner, name: str):
+    """``owner``'s own binding of ``name`` (the class dictionaries along its MRO, or the module
+    dictionary), without running descriptors: what a patch replaces."""
+    for space in getattr(owner, "__mro__", None) or (owner,):
+        found = vars(space).get(name, _MISSING)
+        if found is not _MISSING:
+            return found
+    return _MISSING
+
+
+_MISSING = object()
+
+
+def _watched_functions():
+    """The torch callables this module relies on, by name, with the objects they are now."""
+    import torch
+    import torch.func
+
+    owners = {
+        "torch": (torch, ("empty", "as_strided", "frombuffer", "is_grad_enabled",
+                          "set_grad_enabled", "get_default_dtype", "get_num_threads",
+                          "zeros_like", "stack")),
+        "torch.Tensor": (torch.Tensor, ("copy_", "detach", "requires_grad_", "untyped_storage",
+                                        "data_ptr", "numel", "element_size", "stride",
+                                        "storage_offset", "size", "dim", "to", "contiguous",
+                                        "view", "__torch_function__")),
+        "torch.autograd": (torch.autograd, ("grad",)),
+        "torch.func": (torch.func, ("jvp",)),
+    }
+    out = []
+    for owner_name, (owner, names) in owners.items():
+        for name in names:
+            found = _lookup(owner, name)
+            if found is not _MISSING:
+                out.append((f"{owner_name}.{name}", owner, name, found))
+    return out
+
+
+def _flags():
+    """The global flags a call must leave unchanged: ``[(name, get, set)]``."""
+    import torch
+
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    flags = [
+        ("grad mode", torch.is_grad_enabled, torch.set_grad_enabled),
+        ("default dtype", torch.get_default_dtype, torch.set_default_dtype),
+        ("deterministic algorithms",
+         lambda: (torch.are_deterministic_algorithms_enabled(),
+                  torch.is_deterministic_algorithms_warn_only_enabled()),
+         lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
+        ("float32 matmul precision", torch.get_float32_matmul_precision,
+         torch.set_float32_matmul_precision),
+        ("thread count", torch.get_num_threads, torch.set_num_threads),
+        ("anomaly detection", torch.is_anomaly_enabled, torch.set_anomaly_enabled),
+        ("cudnn flags", lambda: (cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32),
+         lambda v: _set_cudnn(*v)),
+        ("cuda matmul TF32", lambda: matmul.allow_tf32,
+         lambda v: setattr(matmul, "allow_tf32", v)),
+    ]
+    if hasattr(torch, "get_default_device"):
+        flags.append(("default device", lambda: str(torch.get_default_device()),
+                      torch.set_default_device))
+    return flags
+
+
+def _set_cudnn(deterministic, benchmark, tf32) -> None:
+    import torch
+
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = benchmark
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
+class StateGuard:
+    """Compares the global state after a call with the state before it, and undoes changes.
+    The getters and the functions' original objects are taken once, before any target is
+    imported."""
+
+    def __init__(self) -> None:
+        self.functions = _watched_functions()
+        self.flags = _flags()
+
+    def snapshot(self) -> list:
+        out = []
+        for _name, get, _set in self.flags:
+            try:
+                out.append(get())
+            except Exception:  # noqa: BLE001 - a getter itself was replaced
+                out.append(_MISSING)
+        return out
+
+    def check(self, before: list) -> list[str]:
+        """What changed since ``before`` (each undone), as plain phrases."""
+        changes = []
+        for label, owner, name, original in self.functions:
+            try:
+                now = _lookup(owner, name)
+            except Exception:  # noqa: BLE001 - the lookup itself was tampered with
+                now = _MISSING
+            if now is not original:
+                changes.append(f"{label} was replaced")
+                try:
+                    setattr(owner, name, original)
+                except Exception:  # noqa: BLE001
+                    changes.append(f"{label} could not be restored")
+        after = self.snapshot()
+        for (name, _get, restore), old, new in zip(self.flags, before, after):
+            if new != old:
+                changes.append(f"{name} changed from {_shown(old)} to {_shown(new)}")
+                try:
+                    restore(old)
+                except Exception:  # noqa: BLE001
+                    changes.append(f"{name} could not be restored")
+        return changes
+
+
+def _shown(value) -> str:
+    return "(unreadable)" if value is _MISSING else _text(value)[:80]
+
+
+# --------------------------------------------------------------------------------------------
+# The server
+
+
+class Server:
+    """Answers the requests of :mod:`attnverify.wire` for one loaded target."""
+
+    def __init__(self) -> None:
+        self.guard = StateGuard()
+        self.spec = None
+        self.kind = ""
+        self.reference = None
+        self.recent_inputs = _Recent()
+        self.recent_outputs = _Recent()
+
+    # ---- load ------------------------------------------------------------------------------
+
+    def load(self, message: dict) -> dict:
+        kind, target = message.get("kind"), message.get("target")
+        params = message.get("params") or {}
+        if kind not in ("normalizer", "attention") or not isinstance(target, str) or \
+                not isinstance(params, dict):
+            raise wire.ProtocolError("a load request without kind, target or params")
+        if kind == "normalizer":
+            from attnverify.registry import load_target
+
+            self.spec = load_target(target, params)
+        else:
+            from attnverify.attention.loader import load_attention
+
+            self.spec = load_attention(target, params)
+        self.kind = kind
+        return self.describe()
+
+    def describe(self) -> dict:
+        import dataclasses
+
+        spec, out = self.spec, {"kind": self.kind}
+        for f in dataclasses.fields(spec):
+            if f.name in ("fn", "kernel", "reference", "param_checks"):
+                continue
+            value = getattr(spec, f.name)
+            if f.name == "dtypes":
+                value = [str(d).removeprefix("torch.") for d in value]
+            out[f.name] = wire.plain(value)
+        if self.kind == "normalizer":
+            kernel = spec.kernel
+            out["kernel"] = None if kernel is None else {"formula": _text(kernel.formula)}
+            out["reference"] = self._describe_reference()
+            out["signature"] = _signature(spec.fn)
+        else:
+            out["reference"] = spec.reference if isinstance(spec.reference, str) else ""
+        fused = sys.modules.get("attnverify.normalizers.fused")
+        out["runtime"] = {"softmax_kernel": _text(fused.status())} if fused is not None else {}
+        return out
+
+    def _describe_reference(self):
+        """How the checker evaluates the target's reference: an attnverify formula or built-in
+        (in the checker), or the target's own (here, in the worker)."""
+        from attnverify.normalizers import BUILTINS
+        from attnverify.normalizers.reference import REFERENCES
+        from attnverify.spec import NormalizerSpec, normalizer_spec
+
+        spec = self.spec
+        ref = spec.reference
+        if ref is None:
+            return None if spec.kernel is None else {"kind": "kernel"}
+        if isinstance(ref, str) and ref.strip() in BUILTINS:
+            return {"kind": "builtin", "name": ref.strip()}
+        for name, fn in REFERENCES.items():
+            if ref is fn:
+                return {"kind": "formula", "name": name}
+        for name, builtin in BUILTINS.items():
+            if ref is builtin or ref is builtin.fn:
+                return {"kind": "builtin", "name": name}
+        if isinstance(ref, str):
+            from attnverify.registry import load_target
+
+            resolved = load_target(ref)
+        elif isinstance(ref, NormalizerSpec):
+            resolved = ref
+        elif callable(ref):
+            resolved = normalizer_spec(ref, id=getattr(ref, "__name__", "reference"), claims=(),
+                                       space="any")
+        else:
+            raise TypeError(f"reference of {spec.id!r} is a {type(ref).__name__}: expected a "
+                            "callable, a NormalizerSpec or a target string")
+        self.reference = resolved
+        return {"kind": "own", "label": _reference_label(ref), "params": wire.plain(
+            dict(resolved.params)), **_signature(resolved.fn)}
+
+    # ---- calls -----------------------------------------------------------------------------
+
+    def function(self, name: str):
+        spec = self.spec
+        if name == "target":
+            return spec
+        if name in ("kernel_F", "kernel_dF") and self.kind == "normalizer" and spec.kernel:
+            f = spec.kernel.F if name == "kernel_F" else spec.kernel.dF
+            return lambda l, t: f(l, t)
+        if name == "reference" and self.reference is not None:
+            return self.reference
+        raise wire.ProtocolError(f"no function {name!r} to call")
+
+    def handle(self, message: dict, tensors: list) -> tuple[dict, list]:
+        """Answer one request on ``tensors`` (fresh storage): ``(reply, outputs)``; the outputs
+        are accepted tensors in the order of ``message["expect"]``."""
+        import torch
+
+        op = message.get("op")
+        fn = self.function(message.get("fn", "target"))
+        args, kwargs = _arguments(message, tensors)
+        grad_mode = bool(message.get("grad_mode", False))
+        self.recent_inputs.append(tensors)
+        effects: list[str] = []
+        reply: dict = {"ok": True}
+        before_mode = torch.is_grad_enabled()
+        try:
+            if op == "call":
+                outputs, reply["requires_grad"] = self._call(fn, args, kwargs, tensors, message,
+                                                             grad_mode, effects)
+            elif op == "calls":
+                outputs = self._calls(fn, tensors, message, effects)
+            elif op == "vjp":
+                outputs, reply["differentiable"] = self._vjp(fn, args, kwargs, tensors, message,
+                                                             effects)
+            elif op == "vjp2":
+                outputs = self._vjp2(fn, args, kwargs, tensors, message, effects)
+            elif op == "jvp":
+                outputs = self._jvp(fn, args, kwargs, tensors, message, effects)
+            else:
+                raise wire.ProtocolError(f"unknown request {op!r}")
+        except (Raised, Border) as exc:
+            exc.side_effects = effects
+            raise
+        finally:
+            torch.set_grad_enabled(before_mode)
+        reply["side_effects"] = effects
+        return reply, outputs
+
+    def _guarded(self, effects: list[str], grad: bool, call):
+        import torch
+
+        torch.set_grad_enabled(grad)
+        before = self.guard.snapshot()
+        try:
+            return call()
+        except BaseException as exc:  # noqa: BLE001 - SystemExit included: the target's fault
+            raise Raised(exc) from exc
+        finally:
+            effects.extend(self.guard.check(before))
+            torch.set_grad_enabled(grad)
+
+    def _call(self, fn, args, kwargs, tensors, message, grad_mode, effects):
+        import torch
+
+        wants = [bool(g) for g in message.get("grad", [])]
+        if len(wants) != len(tensors):
+            wants = [False] * len(tensors)
+        for i, need in enumerate(wants):
+            if need:
+                tensors[i].requires_grad_(True)
+        grad = grad_mode and any(wants)
+        out = self._guarded(effects, grad, lambda: fn(*args(), **kwargs()))
+        accepted = self.accept([out], message, tensors, alias=True)
+        requires_grad = bool(grad and isinstance(out, torch.Tensor) and out.requires_grad)
+        return accepted, requires_grad
+
+    def _calls(self, fn, tensors, message, effects):
+        """Several calls in one request, in order, each on its own inputs (no grad); the
+        ``index`` of a call that raises or is refused goes back with the error."""
+        calls, expect = message.get("calls"), message.get("expect")
+        if not isinstance(calls, list) or not isinstance(expect, list) or \
+                len(calls) != len(expect):
+            raise wire.ProtocolError("a calls request without one expectation per call")
+        outputs = []
+        for i, (sub, want) in enumerate(zip(calls, expect)):
+            if not isinstance(sub, dict):
+                raise wire.ProtocolError("a call that is not an object")
+            reuse = sub.get("reuse")
+            if reuse is not None:
+                # new values in the storage (the very tensor) an earlier call was given: an
+                # answer remembered by address or identity shows itself here
+                mine = _index(sub["args"][0].get("$tensor") if sub.get("args") and
+                              isinstance(sub["args"][0], dict) else None, len(tensors))
+                earlier = tensors[_index(reuse, len(tensors))]
+                if earlier.shape != tensors[mine].shape or earlier.dtype != tensors[mine].dtype:
+                    raise wire.ProtocolError("reuse of a storage of another shape or dtype")
+                earlier.copy_(tensors[mine])
+                tensors[mine] = earlier
+            args, kwargs = _arguments(sub, tensors)
+            try:
+                out = self._guarded(effects, False,
+                                    lambda a=args, k=kwargs: fn(*a(), **k()))
+                outputs += self.accept([out], {"expect": [want]}, tensors, alias=True)
+            except (Raised, Border) as exc:
+                exc.index = i
+                raise
+        return outputs
+
+    def _graph(self, fn, args, kwargs, tensors, message, effects, extra=()):
+        """The forward pass with the ``wrt`` inputs requiring grad: ``(out, wrt tensors)``."""
+        wrt = _indices(message.get("wrt"), len(tensors))
+        for i in wrt:
+            tensors[i].requires_grad_(True)
+        for i in extra:
+            tensors[i].requires_grad_(True)
+        out = self._guarded(effects, True, lambda: fn(*args(), **kwargs()))
+        self.accept([out], {"expect": message["expect_forward"]}, tensors)
+        return out, [tensors[i] for i in wrt]
+
+    def _vjp(self, fn, args, kwargs, tensors, message, effects):
+
+        out, wrt = self._graph(fn, args, kwargs, tensors, message, effects)
+        cotangent = tensors[_index(message.get("cotangent"), len(tensors))]
+        create = bool(message.get("create_graph", False))
+        grads = self._guarded(effects, create, lambda: _grad(out, wrt, cotangent, create))
+        differentiable = [bool(create and g.requires_grad) for g in grads]
+        return self.accept(list(grads), message, tensors), differentiable
+
+    def _vjp2(self, fn, args, kwargs, tensors, message, effects):
+        c = _index(message.get("cotangent"), len(tensors))
+        out, wrt = self._graph(fn, args, kwargs, tensors, message, effects, extra=(c,))
+        cotangent = tensors[c]
+        outer = [tensors[i] for i in _indices(message.get("outer"), len(tensors))]
+        if len(outer) != len(wrt):
+            raise wire.ProtocolError("vjp2 needs one outer cotangent per input")
+
+        def second():
+            first = _grad(out, wrt, cotangent, True)
+            live = [(g, o) for g, o in zip(first, outer) if g.requires_grad]
+            if not live:
+                raise RuntimeError("the gradient carries no graph: backward is not "
+                                   "differentiable")
+            return _grad([g for g, _ in live], [*wrt, cotangent], [o for _, o in live], False)
+
+        return self.accept(list(self._guarded(effects, True, second)), message, tensors)
+
+    def _jvp(self, fn, args, kwargs, tensors, message, effects):
+        import torch.func
+
+        wrt = _indices(message.get("wrt"), len(tensors))
+        tangents = [tensors[i] for i in _indices(message.get("tangents"), len(tensors))]
+        if len(tangents) != len(wrt):
+            raise wire.ProtocolError("jvp needs one tangent per input")
+
+        def forward(*primals):
+            full = list(tensors)
+            for i, p in zip(wrt, primals):
+                full[i] = p
+            return fn(*args(full), **kwargs(full))
+
+        def run():
+            _, tangent = torch.func.jvp(forward, tuple(tensors[i] for i in wrt), tuple(tangents))
+            return tangent
+
+        return self.accept([self._guarded(effects, False, run)], message, tensors)
+
+    # ---- the border --------------------------------------------------------------------------
+
+    def accept(self, outputs: list, message: dict, inputs: list, alias: bool = False) -> list:
+        """Each output checked against ``message["expect"]`` (shape, dtype or ``None`` for any
+        floating dtype, device) and, with ``alias`` (the results of a call, not derivatives, which
+        autograd may pass through), against sharing storage with an input or an earlier result;
+        :class:`Border` when refused."""
+        import torch
+
+        expect = message.get("expect")
+        if not isinstance(expect, list) or len(expect) != len(outputs):
+            raise wire.ProtocolError("a request without one expectation per output")
+        for i, (out, want) in enumerate(zip(outputs, expect)):
+            what = "the output" if len(outputs) == 1 else f"output {i}"
+            _check_plain(out, what)
+            _check_expected(out, want, what)
+        if not alias:
+            return [t.detach() for t in outputs]
+        taken = [_storage_range(t) for t in inputs if isinstance(t, torch.Tensor)]
+        accepted = []
+        for i, out in enumerate(outputs):
+            what = "the output" if len(outputs) == 1 else f"output {i}"
+            here = _storage_range(out)
+            if here is not None and any(_overlap(here, r) for r in taken if r is not None):
+                raise Border(f"{what} shares its storage with an input (a result must be in "
+                             "storage of its own)")
+            if self.recent_outputs.overlaps(here):
+                raise Border(f"{what} shares its storage with the output of an earlier call "
+                             "(a cached or reused buffer)")
+            if here is not None and any(_overlap(here, _storage_range(t)) for t in accepted):
+                raise Border(f"{what} shares its storage with another output of this call")
+            accepted.append(out)
+        self.recent_outputs.append(accepted)
+        return [t.detach() for t in accepted]
+
+
+class _Recent:
+    """Groups of tensors kept referenced, the oldest dropped beyond :data:`RECENT_BYTES`, with
+    the storage ranges they occupy in a sorted index (live storages never overlap, so the range
+    that starts last at or before an address is the only one that can hold it)."""
+
+    def __init__(self) -> None:
+        self.groups: collections.deque = collections.deque()
+        self.bytes = 0
+        self.starts: list = []  # sorted (device type, device index, start, end)
+
+    def append(self, group) -> None:
+        import bisect
+
+        ranges = [r for r in (_storage_range(t) for t in group) if r is not None]
+        size = sum(r[3] - r[2] for r in ranges)
+        self.groups.append((group, size, ranges))
+        self.bytes += size
+        for r in ranges:
+            bisect.insort(self.starts, r)
+        while self.bytes > RECENT_BYTES and len(self.groups) > 1:
+            _, dropped, old = self.groups.popleft()
+            self.bytes -= dropped
+            for r in old:
+                i = bisect.bisect_left(self.starts, r)
+                if i < len(self.starts) and self.starts[i] == r:
+                    del self.starts[i]
+
+    def overlaps(self, r) -> bool:
+        import bisect
+
+        if r is None:
+            return False
+        i = bisect.bisect_right(self.starts, (r[0], r[1], r[2], float("inf")))
+        for j in (i - 1, i):  # the last range starting at or before r, and the next one
+            if 0 <= j < len(self.starts) and _overlap(r, self.starts[j]):
+                return True
+        return False
+
+
+def _check_plain(out, what: str) -> None:
+    import torch
+
+    if type(out) is not torch.Tensor:
+        kind = type(out)
+        if isinstance(out, torch.Tensor):
+            raise Border(f"{what} is a {kind.__module__}.{kind.__qualname__}, a subclass of "
+                         "torch.Tensor; only a plain torch.Tensor is accepted")
+        raise Border(f"{what} is a {kind.__qualname__}, not a torch.Tensor")
+    if out.layout is not torch.strided:
+        raise Border(f"{what} has layout {out.layout}; a strided (dense) tensor is required")
+    if out.is_meta or out.device.type == "meta":
+        raise Border(f"{what} is a meta tensor: it holds no values")
+    if out.is_nested or out.is_quantized or out.is_complex():
+        raise Border(f"{what} is a nested, quantized or complex tensor")
+    if out.numel() and out.untyped_storage().data_ptr() == 0:
+        raise Border(f"{what} holds no materialised storage")
+
+
+def _check_expected(out, want: Any, what: str) -> None:
+    if not isinstance(want, dict):
+        raise wire.ProtocolError("an expectation that is not an object")
+    size, dtype, device = want.get("size"), want.get("dtype"), want.get("device")
+    got = str(out.dtype).removeprefix("torch.")
+    if list(out.shape) != list(size or []):
+        raise Border(f"{what} has shape {tuple(out.shape)} {got}, but should be "
+                     f"{tuple(size or [])} {dtype or ''}".rstrip())
+    if dtype is not None and got != dtype:
+        raise Border(f"{what} has dtype {got}, but should be {dtype} (the input's)")
+    if dtype is None and not out.is_floating_point():
+        raise Border(f"{what} has dtype {got}, not a floating dtype")
+    if device is not None and str(out.device) != device:
+        raise Border(f"{what} is on {out.device}, but should be on {device} (the input's)")
+
+
+def _storage_range(t):
+    if t is None or t.numel() == 0:
+        return None
+    try:
+        storage = t.untyped_storage()
+        start = storage.data_ptr()
+        return (t.device.type, t.device.index, start, start + storage.nbytes())
+    except Exception:  # noqa: BLE001 - no storage to compare
+        return None
+
+
+def _overlap(a, b) -> bool:
+    return a is not None and b is not None and a[:2] == b[:2] and a[2] < b[3] and b[2] < a[3]
+
+
+def _grad(out, wrt, cotangent, create: bool):
+    import torch
+
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    cots = cotangent if isinstance(cotangent, (list, tuple)) else [cotangent]
+    if not any(o.requires_grad for o in outs):
+        return [torch.zeros_like(w) for w in wrt]
+    return torch.autograd.grad(outs, wrt, cots, allow_unused=True, materialize_grads=True,
+                               create_graph=create)
+
+
+def _index(value, n: int) -> int:
+    if type(value) is not int or not 0 <= value < n:
+        raise wire.ProtocolError(f"a tensor index {value!r} out of range")
+    return value
+
+
+def _indices(value, n: int) -> list[int]:
+    if not isinstance(value, list):
+        raise wire.ProtocolError("a list of tensor indices expected")
+    return [_index(v, n) for v in value]
+
+
+def _arguments(message: dict, tensors: list):
+    """``(args(ts), kwargs(ts))``: the call's arguments with ``{"$tensor": i}`` replaced by
+    ``ts[i]`` (``ts`` defaults to ``tensors``)."""
+    raw_args, raw_kwargs = message.get("args", []), message.get("kwargs", {})
+    if not isinstance(raw_args, list) or not isinstance(raw_kwargs, dict):
+        raise wire.ProtocolError("a call whose arguments are not a list and an object")
+
+    def resolve(value, ts):
+        if isinstance(value, dict) and set(value) == {"$tensor"}:
+            return ts[_index(value["$tensor"], len(ts))]
+        if isinstance(value, str) and value in ("inf", "-inf", "nan"):
+            return float(value)
+        return value
+
+    def args(ts=None):
+        return [resolve(v, tensors if ts is None else ts) for v in raw_args]
+
+    def kwargs(ts=None):
+        return {str(k): resolve(v, tensors if ts is None else ts) for k, v in raw_kwargs.items()}
+
+    return args, kwargs
+
+
+def _reference_label(ref) -> str:
+    if isinstance(ref, str):
+        return ref
+    target = getattr(ref, "target", "") or getattr(ref, "id", "")
+    if target:
+        return str(target)
+    module = getattr(ref, "__module__", "") or ""
+    name = getattr(ref, "__qualname__", getattr(ref, "__name__", type(ref).__name__))
+    return f"{module}:{name}" if module else str(name)
+
+
+def _signature(fn) -> dict:
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {"accepts": [], "var_keywords": True}
+    return {"accepts": [n for n in params if n not in ("scores", "dim")],
+            "var_keywords": any(p.kind is p.VAR_KEYWORD for p in params.values())}
+
+
+# --------------------------------------------------------------------------------------------
+# The worker process
+
+
+def serve(sock: socket.socket) -> None:
+    """The worker's loop: one answer per request, until the channel closes."""
+    server, arena = Server(), None
+    while True:
+        try:
+            message, fds = wire.receive(sock, with_fds=True)
+        except (EOFError, OSError, wire.ProtocolError):
+            os._exit(0)
+        ident = message.get("id")
+        try:
+            if message.get("op") == "map":
+                if len(fds) != 1 or type(message.get("size")) is not int:
+                    raise wire.ProtocolError("a map request without one descriptor and a size")
+                if arena is not None:
+                    arena.close()
+                arena = wire.Arena.attach(fds[0], message["size"])
+                reply = {"ok": True}
+            elif message.get("op") == "bye":
+                wire.send(sock, {"id": ident, "ok": True})
+                os._exit(0)
+            elif message.get("op") == "load":
+                reply = {"ok": True, "describe": server.load(message)}
+            else:
+                for fd in fds:
+                    os.close(fd)
+                reply = _answer(server, arena, message)
+        except Raised as exc:
+            name, text = describe_exception(exc.cause)
+            reply = {"ok": False, "kind": "raised", "type": name, "message": text,
+                     "side_effects": getattr(exc, "side_effects", [])}
+            if hasattr(exc, "index"):
+                reply["index"] = exc.index
+        except Border as exc:
+            reply = {"ok": False, "kind": "border", "type": "", "message": _text(exc),
+                     "side_effects": getattr(exc, "side_effects", [])}
+            if hasattr(exc, "index"):
+                reply["index"] = exc.index
+        except Exception as exc:  # noqa: BLE001 - a usage error at load, a protocol fault, …
+            name, text = describe_exception(exc)
+            kind = "usage" if _is_usage(exc) else "raised"
+            reply = {"ok": False, "kind": kind, "type": name, "message": text}
+        except BaseException as exc:  # noqa: BLE001 - SystemExit from an import, say
+            name, text = describe_exception(exc)
+            reply = {"ok": False, "kind": "raised", "type": name, "message": text}
+        reply["id"] = ident
+        try:
+            wire.send(sock, reply)
+        except Exception:  # noqa: BLE001 - the checker is gone, or the answer cannot be sent
+            os._exit(0)
+
+
+def _is_usage(exc: BaseException) -> bool:
+    from attnverify.errors import UsageError
+
+    return isinstance(exc, UsageError)
+
+
+def _answer(server: Server, arena, message: dict) -> dict:
+    if arena is None:
+        raise wire.ProtocolError("a request before the arena was mapped")
+    slots = message.get("tensors", [])
+    outs = message.get("out", [])
+    if not isinstance(slots, list) or not isinstance(outs, list):
+        raise wire.ProtocolError("tensors and outputs must be lists")
+    tensors = [wire.read_tensor(arena, wire.Slot.from_json(s, arena.size)) for s in slots]
+    out_slots = [wire.Slot.from_json(s, arena.size) for s in outs]
+    reply, outputs = server.handle(message, tensors)
+    if len(outputs) != len(out_slots):
+        raise wire.ProtocolError("one output slot per output expected")
+    for slot, out in zip(out_slots, outputs):
+        if slot.elements:
+            wire.view_of(arena, slot).view(slot.size).copy_(out)
+    return reply
+
+
+# --------------------------------------------------------------------------------------------
+# The zygote: imports torch once, forks a worker per target
+
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+#: Imported by the zygote before it forks, so that every worker starts with them loaded.
+PRELOAD = ("torch", "torch.func", "attnverify.registry", "attnverify.normalizers",
+           "attnverify.attention.loader", "torch._dynamo", "torch._decomp.decompositions_for_jvp")
+
+
+def _prctl(option: int, value: int) -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(option, value, 0, 0, 0)
+    except Exception:  # noqa: BLE001 - not Linux: no subreaper, no death signal
+        pass
+
+
+def zygote_main(ctrl_fd: int) -> None:
+    """``python -m attnverify.worker zygote FD``: serve fork requests on the socket ``FD``."""
+    ctrl = socket.socket(fileno=ctrl_fd)
+    hello = wire.receive(ctrl)
+    sys.path[:] = [str(p) for p in hello.get("path", sys.path)]
+    for name in hello.get("preload", PRELOAD):
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001 - a missing optional module: the worker imports later
+            pass
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    workers: dict[int, int | None] = {}
+    wire.send(ctrl, {"ok": True, "pid": os.getpid()})
+    import select
+
+    while True:
+        _reap(workers)
+        ready, _, _ = select.select([ctrl], [], [], 0.25)
+        if not ready:
+            continue
+        try:
+            message, fds = wire.receive(ctrl, with_fds=True)
+        except (EOFError, OSError, wire.ProtocolError):
+            _shutdown(workers)
+            os._exit(0)
+        op = message.get("op")
+        if op == "fork" and len(fds) == 1:
+            pid = os.fork()
+            if pid == 0:
+                _become_worker(fds[0], message, ctrl.fileno())
+            os.close(fds[0])
+            workers[pid] = None
+            wire.send(ctrl, {"ok": True, "pid": pid})
+        elif op == "status":
+            pid = message.get("pid")
+            deadline = time.monotonic() + min(float(message.get("wait", 0)), 30.0)
+            while workers.get(pid, 0) is None and time.monotonic() < deadline:
+                _reap(workers)
+                time.sleep(0.01)
+            wire.send(ctrl, {"ok": True, "status": workers.get(pid)})
+        elif op == "kill":
+            pid = message.get("pid")
+            if pid in workers:
+                _kill(pid)
+                deadline = time.monotonic() + 5
+                while workers.get(pid) is None and time.monotonic() < deadline:
+                    _reap(workers)
+                    time.sleep(0.005)
+            wire.send(ctrl, {"ok": True})
+        elif op == "sweep":  # whatever is not a live worker killed and reaped, synchronously
+            wire.send(ctrl, {"ok": True, "left": _sweep(workers)})
+        elif op == "exit":
+            _shutdown(workers)
+            wire.send(ctrl, {"ok": True})
+            os._exit(0)
+        else:
+            for fd in fds:
+                os.close(fd)
+            wire.send(ctrl, {"ok": False})
+
+
+def _kill(pid) -> None:
+    if type(pid) is not int or pid <= 1:
+        return
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _status(code: int) -> int:
+    return -os.WTERMSIG(code) if os.WIFSIGNALED(code) else os.WEXITSTATUS(code)
+
+
+def _reap(workers: dict) -> None:
+    """Collect every exited child; kill any live process reparented to the zygote that is not
+    one of its workers (something a worker left behind)."""
+    while True:
+        try:
+            pid, code = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        if pid in workers:
+            workers[pid] = _status(code)
+    for pid in _children():
+        if pid not in workers:
+            _kill(pid)
+
+
+def _children() -> list[int]:
+    me, out = os.getpid(), []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(b")", 1)[-1].split()
+        if len(fields) > 1 and int(fields[1]) == me:
+            out.append(int(name))
+    return out
+
+
+def _sweep(workers: dict) -> int:
+    """Kill every child that is not a live worker (a killed worker, whatever a worker left
+    behind) until none is left or 10 s pass; the number still left."""
+    deadline = time.monotonic() + 10
+    while True:
+        _reap(workers)
+        strays = [pid for pid in _children() if workers.get(pid, 0) is not None]
+        if not strays or time.monotonic() > deadline:
+            return len(strays)
+        for pid in strays:
+            _kill(pid)
+        time.sleep(0.005)
+
+
+def _shutdown(workers: dict) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        live = [pid for pid, status in workers.items() if status is None] + _children()
+        if not live:
+            return
+        for pid in live:
+            _kill(pid)
+        time.sleep(0.02)
+        _reap(workers)
+
+
+def _become_worker(chan_fd: int, message: dict, ctrl_fd: int) -> None:
+    """In the forked child: a session of its own, nothing open but the channel, the checker's
+    working directory, environment and import path; then serve until the channel closes."""
+    try:
+        os.setsid()
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        top = max(chan_fd, ctrl_fd, devnull) + 1
+        try:
+            top = max(top, os.sysconf("SC_OPEN_MAX"))
+        except (OSError, ValueError):
+            top = max(top, 4096)
+        os.closerange(3, chan_fd)
+        os.closerange(chan_fd + 1, top)
+        os.chdir(message.get("cwd") or "/")
+        env = message.get("env")
+        if isinstance(env, dict):
+            os.environ.clear()
+            os.environ.update({str(k): str(v) for k, v in env.items()})
+        path = message.get("path")
+        if isinstance(path, list):
+            sys.path[:] = [str(p) for p in path]
+        if message.get("memory_limit"):
+            _limit_memory()
+        from attnverify import settings
+
+        settings.reload()
+        serve(socket.socket(fileno=chan_fd))
+    finally:
+        os._exit(0)
+
+
+def _limit_memory() -> None:
+    """``RLIMIT_AS`` at the worker's size now plus half the physical memory: a runaway
+    allocation is an error answer (or a killed worker), not the machine's out-of-memory killer."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as fh:
+            size = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, ImportError):
+        return
+    limit = size + physical // 2
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    if soft == resource.RLIM_INFINITY or soft > limit:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) == 2 and argv[0] == "zygote" and argv[1].isdigit():
+        zygote_main(int(argv[1]))
+    raise SystemExit("usage: python -m attnverify.worker zygote FD (started by attnverify)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
