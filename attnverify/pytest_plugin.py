@@ -58,6 +58,8 @@ _OPTIONS = [
     ("profile", "ATTNVERIFY_PROFILE", f"{' | '.join(PROFILE_NAMES)} (default {DEFAULT_PROFILE})"),
     ("seed", "ATTNVERIFY_SEED", "search seed (default 0)"),
     ("max-examples", "ATTNVERIFY_MAX_EXAMPLES", "examples per property"),
+    ("timeout", "ATTNVERIFY_TIMEOUT", "per-example time limit in seconds of the worker process "
+     "each target runs in (default per profile)"),
     ("dtypes", "ATTNVERIFY_DTYPES", "default float32,float64"),
     ("device", "ATTNVERIFY_DEVICE", "cpu | cuda"),
     ("json", "ATTNVERIFY_JSON", "write the JSON certificate here"),

@@ -881,6 +881,9 @@ def open_attention(target: str, params: dict | None, ctx):
     channel = Channel("attention", target, dict(params or {}), timeout_s=ctx.timeout_s,
                       device=ctx.device, isolated=bool(getattr(ctx, "isolation", True)))
     d = _described(channel)
+    compile_s = d.get("compile_s")
+    if isinstance(compile_s, (int, float)) and math.isfinite(compile_s) and compile_s > 0:
+        channel.timeout_s += min(float(compile_s), 3600.0)  # it compiles on first use
     fields = {f.name for f in dataclasses.fields(AttentionSpec)}
     values = {k: _tuple(v) for k, v in d.items() if k in fields and k not in ("fn", "dtypes")}
     values["dtypes"] = tuple(getattr(torch, name) for name in d.get("dtypes", [])

@@ -29,10 +29,11 @@ def _load(config_key: tuple):
     from attnverify.errors import WorkerFailed
     from attnverify.registry import builtin_ids, parse_params
 
-    target, claims, params, profile, seed, max_examples, dtypes, device, reference = config_key
+    (target, claims, params, profile, seed, max_examples, dtypes, device, reference,
+     timeout) = config_key
     ctx = make_context(profile, dtypes=dtypes, device=device or "cpu",
                        max_examples=max_examples or None,  # strings checked there (exit 2)
-                       seed=seed or 0)
+                       seed=seed or 0, timeout=timeout or None)
     from attnverify.certify import fix_temperature
 
     # --attnverify-params temperature=… fixes T for every property and bound (validated)
@@ -58,7 +59,8 @@ def _load(config_key: tuple):
 
 def _key(config) -> tuple:
     return tuple(option(config, n) for n in ("target", "claims", "params", "profile", "seed",
-                                               "max_examples", "dtypes", "device", "reference"))
+                                               "max_examples", "dtypes", "device", "reference",
+                                               "timeout"))
 
 
 def _xfails(config) -> list[str]:

@@ -66,3 +66,23 @@ def test_plugin_loads_from_a_source_checkout_that_shadows_the_install():
     folder = root / "properties"
     assert out.stdout.split() == [str(folder / "test_properties.py"), "True",
                                   str(folder / "__init__.py")]
+
+
+def test_plugin_runs_the_target_behind_the_process_boundary(pytester, monkeypatch):
+    """A target that segfaults or hangs fails the tests it ran in; pytest itself goes on, and
+    the certificate names the worker processes (never pytest's own)."""
+    cert = pytester.path / "cert.json"
+    for name, fragment in (("segfaults", "crashed the worker process (SIGSEGV)"),
+                           ("hangs", "exceeded the per-example time limit")):
+        target = f"{FIXTURES / 'hostile.py'}:{name}"
+        result = pytester.runpytest_subprocess(
+            f"--attnverify-target={target}", "--attnverify-profile=dev",
+            "--attnverify-max-examples=3", f"--attnverify-json={cert}", "-q",
+            "--attnverify-timeout=3", "-p", "no:cacheprovider", "-k",
+            "shape or finite or simplex")
+        data = json.loads(cert.read_text())
+        (t,) = data["targets"]
+        messages = [r["message"] for r in t["results"] if r["status"] == "error"]
+        assert any(fragment in m for m in messages), (name, messages)
+        assert result.ret == 1 and data["isolation_mode"] == "process"
+        assert t["worker_pids"] and data["checker_pid"] not in t["worker_pids"]

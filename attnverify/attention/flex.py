@@ -28,6 +28,9 @@ MAX_HEAD_DIM = 128
 DIFFERENTIABLE = torch.cuda.is_available()
 #: Compiled graphs kept per function; every mask kind, dtype and GQA setting adds one.
 RECOMPILE_LIMIT = 64
+#: Seconds an example may take beyond the per-example time limit: a graph compiles on first use
+#: (minutes on a cold inductor cache on a CPU), in the worker process the kernel runs in.
+COMPILE_S = 600.0
 #: Folded (batch·heads) head counts are padded to these: torch compiles head counts in.
 HEADS, GQA_KV_HEADS = 16, 4
 

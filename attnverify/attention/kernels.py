@@ -94,11 +94,11 @@ def builtins() -> dict[str, AttentionSpec]:
                       description="torch SDPA, cuDNN backend"),
         AttentionSpec("flex", flex.flex, gqa=True, dtypes=flex.DTYPES,
                       max_head_dim=flex.MAX_HEAD_DIM, differentiable=flex.DIFFERENTIABLE,
-                      unavailable=flex.unavailable(),
+                      unavailable=flex.unavailable(), compile_s=flex.COMPILE_S,
                       description="FlexAttention, compiled (masks as a score_mod bias)"),
         AttentionSpec("flex_direct", flex.flex_direct, gqa=True, dtypes=flex.DTYPES,
                       max_head_dim=flex.MAX_HEAD_DIM, differentiable=flex.DIFFERENTIABLE,
-                      unavailable=flex.unavailable(),
+                      unavailable=flex.unavailable(), compile_s=flex.COMPILE_S,
                       description="FlexAttention compiled on the inputs as given (no canonical "
                       "form; slow: a compile per shape family)"),
     ]
@@ -107,6 +107,7 @@ def builtins() -> dict[str, AttentionSpec]:
             f"flex_{mod}", functools.partial(flex.flex, mod=mod), params=mods.DEFAULTS[mod],
             score_mod=mod, gqa=True, dtypes=flex.DTYPES, max_head_dim=flex.MAX_HEAD_DIM,
             differentiable=flex.DIFFERENTIABLE, unavailable=flex.unavailable(),
+            compile_s=flex.COMPILE_S,
             description=f"FlexAttention with the {mod} score modification"))
     specs.append(AttentionSpec("eager", eager_normalizer("softmax"), gqa=True,
                                dtypes=ALL_DTYPES, description="float64 eager reference"))

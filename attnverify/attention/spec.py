@@ -37,6 +37,9 @@ class AttentionSpec:
       caps the rows the lifting can reach (``K = I`` needs ``d = L``);
     - ``differentiable``: gradients w.r.t. ``q``, ``k``, ``v`` are checked;
     - ``unavailable``: why the kernel cannot run here (no CUDA, …), or ``""``;
+    - ``compile_s``: seconds an example may take on top of the per-example time limit because
+      the kernel compiles on first use (``torch.compile``, a Triton JIT): the worker's time
+      limit for this kernel is ``--timeout`` plus this;
     - ``reference``: what the outputs are compared with (see the field).
     """
 
@@ -52,6 +55,7 @@ class AttentionSpec:
     max_head_dim: int | None = None
     differentiable: bool = True
     unavailable: str = ""
+    compile_s: float = 0.0
     #: ``--reference``: an attention target or a normalizer id compared with instead of the
     #: float64 eager reference of ``normalizer`` (``""``: that one).
     reference: str = ""
@@ -92,6 +96,7 @@ def attention_spec(
     max_head_dim: int | None = None,
     differentiable: bool = True,
     description: str = "",
+    compile_s: float = 0.0,
 ) -> AttentionSpec:
     """Public constructor of an attention target (``attnverify certify --attention``).
 
@@ -118,4 +123,5 @@ def attention_spec(
         max_head_dim=max_head_dim,
         differentiable=differentiable,
         description=description or (fn.__doc__ or "").strip().split("\n")[0],
+        compile_s=float(compile_s),
     )

@@ -37,7 +37,8 @@ def _option(config, name: str):
 
 def _key(config) -> tuple:
     return tuple(_option(config, n) for n in ("attention", "claims", "params", "profile", "seed",
-                                               "max-examples", "dtypes", "device", "reference"))
+                                               "max-examples", "dtypes", "device", "reference",
+                                               "timeout"))
 
 
 @cache
@@ -52,9 +53,10 @@ def plan(key: tuple):
     from attnverify.errors import WorkerFailed
     from attnverify.registry import parse_params
 
-    targets, claims, params, profile, seed, max_examples, dtypes, device, reference = key
+    targets, claims, params, profile, seed, max_examples, dtypes, device, reference, timeout = key
     ctx = make_context(profile, dtypes=dtypes, device=device or "cpu",
-                       max_examples=max_examples or None, seed=seed or 0)
+                       max_examples=max_examples or None, seed=seed or 0,
+                       timeout=timeout or None)
     chosen = None if claims is None else split(claims)
     out = []
     for name in split(targets):
