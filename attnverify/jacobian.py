@@ -30,7 +30,11 @@ BASIS_ELEMENTS = 1 << 24
 #: Elements of the tangent batch (``[block · rows, L]``) used by the column-block norms.
 BLOCK_ELEMENTS = 1 << 22
 
-DEFAULT_STEPS = {"lanczos": 128, "power": 2000}
+DEFAULT_STEPS = {"lanczos": 128, "power": 2000, "dense": 1, "auto": 128}
+
+#: ``method="auto"`` forms the dense Jacobian (one batch of products, then an SVD) up to this
+#: many entries ``R·L²``, and runs Lanczos beyond.
+DENSE_AUTO = 1 << 20
 
 
 class Linearization:
@@ -203,7 +207,11 @@ def spectral_norm(
     reorthogonalisation — Lanczos on ``JᵀJ`` without squaring, one ``J·v`` and one ``Jᵀ·u`` per
     step, for symmetric and non-symmetric ``J`` alike. ``method="power"``: power iteration on
     ``JᵀJ``. Both stop when every row's ``residual ≤ tol·value`` or after ``iters`` steps
-    (Lanczos: at most ``L``). ``tol`` defaults to the dtype's ``rtol``; the start vectors are
+    (Lanczos: at most ``L``). ``method="dense"``: every row's Jacobian formed by column blocks of
+    products (:func:`dense_jacobian`) and its largest singular value taken by an SVD (exact up
+    to rounding; residual 0): few products in few batches, which is what a map behind the
+    process boundary needs. ``method="auto"``: dense up to :data:`DENSE_AUTO` entries, else
+    Lanczos. ``tol`` defaults to the dtype's ``rtol``; the start vectors are
     Gaussian from a generator seeded with ``seed``.
 
     ``threads`` is torch's intra-op thread count during the iteration, restored afterwards
@@ -214,6 +222,11 @@ def spectral_norm(
     if method not in DEFAULT_STEPS:
         raise ValueError(f"method={method!r} is not one of {', '.join(DEFAULT_STEPS)}")
     length = z.shape[-1]
+    if method == "auto":
+        rows = z.numel() // max(length, 1)
+        method = "dense" if rows * length * length <= DENSE_AUTO else "lanczos"
+    if method == "dense":
+        return _dense_spectral(f, z)
     steps = iters or DEFAULT_STEPS[method]
     steps = min(steps, length) if method == "lanczos" else steps
     tol = tol_for(z.dtype).rtol if tol is None else tol
@@ -222,6 +235,18 @@ def spectral_norm(
     value, residual = (torch.cat([p[i] for p in parts]).reshape(z.shape[:-1]) for i in (0, 1))
     converged = _converged(value, residual, tol)
     return SpectralNorm(value, residual, converged, max(p[2] for p in parts), method, parts[0][3])
+
+
+def _dense_spectral(f: RowMap, z: Tensor) -> SpectralNorm:
+    """``‖J‖₂`` of every row from its dense Jacobian (an SVD per row)."""
+    length = z.shape[-1]
+    rows = z.detach().reshape(-1, length)
+    J = dense_jacobian(f, rows)
+    value = torch.linalg.matrix_norm(J, ord=2) if length else rows.new_zeros(len(rows))
+    value = value.reshape(z.shape[:-1])
+    zero = torch.zeros_like(value)
+    return SpectralNorm(value, zero, torch.ones_like(value, dtype=torch.bool), 1, "dense",
+                        "dense")
 
 
 def _solve_chunks(f: RowMap, rows: Tensor, steps: int, tol: float, seed: int, method: str):

@@ -160,7 +160,10 @@ def _row_map(spec, case):
 
 
 def _spectral(spec, case) -> torch.Tensor:
-    res = jacobian.spectral_norm(_row_map(spec, case), case.scores.to(F64), seed=case.seed)
+    # dense up to R·L² = 2^20 entries: one batch of products instead of a Lanczos run of up to
+    # 2·128 of them (each a request to the worker the target runs in)
+    res = jacobian.spectral_norm(_row_map(spec, case), case.scores.to(F64), seed=case.seed,
+                                 method="auto")
     return res.value
 
 
