@@ -152,7 +152,7 @@ def test_linear_map_spectral_norm_and_fd_estimate():
     A = torch.tensor([[3.0, 0.0], [4.0, 0.0]], dtype=F64)
     f = lambda z: z @ A.T  # noqa: E731
     z = torch.tensor([0.3, -1.0], dtype=F64)
-    for method in ("lanczos", "power"):
+    for method in ("lanczos", "power", "dense", "auto"):
         close(jacobian.spectral_norm(f, z, method=method).value, 5.0, method)
     close(jacobian.dense_jacobian(f, z), A, "dense J of a linear map")
     v = torch.tensor([1.0, 0.0], dtype=F64)
@@ -195,6 +195,9 @@ def test_lanczos_matches_dense_svd(seed, length, scale, name):
     f = MAPS[name]
     z = scale * torch.randn(4, length, generator=gen(seed), dtype=F64)
     want = torch.linalg.matrix_norm(reference_jacobians(f, z), 2)
+    dense = jacobian.spectral_norm(f, z, method="dense")
+    assert dense.method == "dense" and bool(dense.converged.all())
+    close(dense.value, want, f"{name}: the dense method, seed={seed}")
     result = jacobian.spectral_norm(f, z, seed=seed)
     assert result.value.shape == (4,)
     assert bool(result.converged.all()), f"{name}: residual {result.residual.tolist()}"
@@ -270,6 +273,15 @@ def test_float32_rows_use_the_float32_tolerance():
     assert result.value.dtype == torch.float32
     want = torch.linalg.matrix_norm(reference_jacobians(softmax, z.double()), 2)
     close(result.value, want, "float32 spectral norm", tol=tol_for(torch.float32))
+
+
+def test_two_way_tie_attains_half_over_t_by_every_method():
+    # softmax at a two-way tie (and −∞-like rest): J = (diag α − ααᵀ)/T has ‖J‖₂ = 1/(2T)
+    t = 0.5
+    f = lambda z: torch.softmax(z / t, dim=-1)  # noqa: E731
+    z = torch.tensor([[1.0, 1.0, -60.0, -60.0]], dtype=F64)
+    for method in ("lanczos", "dense", "auto"):
+        close(jacobian.spectral_norm(f, z, method=method).value, [1 / (2 * t)], method)
 
 
 def test_unknown_method_is_rejected():
