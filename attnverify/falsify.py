@@ -294,7 +294,7 @@ def _search_lines(report: SearchReport) -> list[str]:
            f"{_STOPPED.get(report.stopped, report.stopped)}"]
     rows = [r for r in report.strata if r.evaluations]
     if rows:
-        width = max(len(r.stratum.name) for r in rows)
+        width = max(len("stratum"), *(len(r.stratum.name) for r in rows))
         out.append(f"    {'stratum'.ljust(width)}  evaluations  best ratio")
         for r in rows:
             best = "-" if r.best is None or math.isnan(r.best.ratio) else f"{r.best.ratio:.6g}"

@@ -264,3 +264,16 @@ def test_a_witness_found_under_a_fixed_temperature_keeps_it():
     res = falsify(load_target("softmax"), LEMMA1_LOOSENED, CI, params={"temperature": 0.25})
     assert res.falsified and res.witness.case.temperature == 0.25
     assert all(ev.case.temperature == 0.25 for ev in (res.worst, res.search.first_witness))
+
+
+def test_shrinking_keeps_one_digit_values_as_written():
+    # 0.3/0.1 is 2.9999999999999996 in floating point: truncating it made 0.3 "shrink" to 0.2
+    # and turned the two-level witness (0.3, -0.3, -0.3) into (0.2, -0.3, -0.3)
+    from attnverify.checks.shrink import _one_digit, _simpler
+
+    assert _one_digit(0.3) == 0.3 and _simpler(0.3) == [0.0]
+    assert _one_digit(0.35) == 0.3 and _one_digit(-0.0999) == -0.09 and _one_digit(123.4) == 100
+    res = falsify(load_target("softmax"), LEMMA1_LOOSENED, CI)
+    scores = res.witness.case.scores.tolist()
+    a = max(abs(v) for v in scores)
+    assert sorted(scores) == [-a, -a, a]  # one key at +a, two at -a
