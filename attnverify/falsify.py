@@ -246,7 +246,8 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
     lines = []
     head = "FALSIFIED" if res.falsified else "not falsified"
     lines.append(f"{head}: {res.inequality.normalized}  [{res.target}]  "
-                 f"({res.examples} evaluations, {res.elapsed_s:.1f}s, profile {ctx.profile}, "
+                 f"({_count(res.examples, 'evaluation')}, {res.elapsed_s:.1f}s, "
+                 f"profile {ctx.profile}, "
                  f"seed {ctx.seed})")
     if res.witness:
         w = res.witness
@@ -266,7 +267,7 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
         lines.append(f"  first met by the {report.first_witness_phase} at evaluation "
                      f"{report.first_witness_evaluation} ({report.first_witness_s:.2f}s), "
                      f"L={first.case.scores.numel()}, ratio {first.ratio:.4g}; shrunk in "
-                     f"{report.shrink_evaluations} evaluations")
+                     f"{_count(report.shrink_evaluations, 'evaluation')}")
     if res.worst:
         lines.append(f"  worst ratio LHS/RHS found: {res.worst.ratio:.6g} "
                      f"(L={res.worst.case.scores.numel()}, kind {res.worst.case.kind})")
@@ -279,6 +280,10 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
         lines.extend(_search_lines(report))
     lines.append(f"  repro: {repro(res, ctx)}")
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 _STOPPED = {"witness": "stopped at the first witness", "budget": "evaluations spent",

@@ -6,19 +6,20 @@ budget (evaluations, and seconds as a safety net), files it under its *stratum* 
 unmasked row lengths, masked or not) and stops the search at the first case that fails. The
 phases, in order, each with a share of the evaluations the previous ones left:
 
-1. **battery** (:func:`battery`): for each row length of :data:`LENGTH_GRID` (shortest first),
-   rows whose logits take two or three levels (``k`` keys at ``+a``, the rest at ``−a``, at
-   ``0``, …), ties, a zero row and one-hot-like rows (one key ``+a`` above ``L − 1`` at ``−a``,
-   at large ``a/T``), for ``a/T`` on the log grid :data:`RATIO_GRID` (1e-3 … 1e2); then masked
+1. **battery** (:func:`battery`): rows whose logits take two or three levels (``k`` keys at
+   ``+a``, the rest at ``−a``, at ``0``, …), ties, a zero row and one-hot-like rows (one key
+   ``+a`` above ``L − 1`` at ``−a``, at large ``a/T``), for the row lengths of
+   :data:`LENGTH_GRID` and ``a/T`` on the log grid :data:`RATIO_GRID` (1e-3 … 1e2), with masked
    variants (``L_padded > L``) and temperatures below and above 1 (:data:`TEMPERATURE_GRID`).
    Bounds over logits in ``[−a, a]`` take their extremes at vertices of the box and at ties,
-   whatever the normalizer and the quantity.
+   whatever the normalizer and the quantity. A first sweep (:func:`scout`) meets every
+   (length, a/T) pair once; then each length, shortest first, is covered in full.
 2. **strata** (:func:`stratum_cases`): one seeded Hypothesis run per stratum with its own
    ``hypothesis.target`` label, so a stratum where the bound is trivially tight (``L = 1``) cannot
    take the whole search. Rows are drawn as a few levels with counts, as free values (short rows)
    or as one of the adversarial kinds of :func:`attnverify.strategies.logit_rows`, scaled so that
    ``a`` is the drawn magnitude.
-3. **polish** (:func:`polish`): from the best case of each stratum, a bounded Nelder–Mead
+3. **polish** (:func:`run_polish`): from the best case of each stratum, a bounded Nelder–Mead
    (``scipy.optimize.minimize``) maximises LHS/RHS over the row's levels (tied keys move
    together; rows with many distinct values move in eight quantile groups), its scale and the
    temperature where it is free, at fixed ``L`` and mask.

@@ -77,3 +77,21 @@ def test_a_falsified_bound_reports_where_the_witness_was_met_and_its_repro_fails
     assert argv[:2] == ["attnverify", "repro"]
     code, out, _ = run(capsys, *argv[1:])
     assert code == 1 and out.startswith("FALSIFIED: sparsemax")
+
+
+def test_the_contract_states_the_budgets_strata_and_functions_the_code_has():
+    from pathlib import Path
+
+    from attnverify import expr
+    from attnverify.falsify_search import strata
+    from attnverify.runconfig import FALSIFY_BUDGETS
+
+    text = " ".join((Path(__file__).parents[1] / "docs" / "INTERFACES.md").read_text().split())
+    evaluations = ", ".join(f"{k} {v['evaluations']:g}" for k, v in FALSIFY_BUDGETS.items())
+    seconds = ", ".join(f"{k} {v['seconds']:g}" for k, v in FALSIFY_BUDGETS.items())
+    assert f"Default per profile: {evaluations}." in text
+    assert f"(default {seconds}:" in text
+    assert f"`{' '.join(expr.FUNCTIONS)}`" in text
+    assert f"the constants `{'` and `'.join(expr.CONSTANTS)}`" in text
+    bands = [s.name.removeprefix("L=").replace("-", "–") for s in strata(4096) if not s.masked]
+    assert f"(L = {', '.join(bands[:7])}, …" in text
