@@ -11,10 +11,19 @@ import re
 import sys
 
 from attnverify.errors import UsageError
-from attnverify.runconfig import MAX_EXAMPLES_LIMIT, PROFILE_NAMES, PROFILES, context_from_args
+from attnverify.runconfig import (
+    FALSIFY_BUDGETS,
+    MAX_EXAMPLES_LIMIT,
+    PROFILE_NAMES,
+    PROFILES,
+    context_from_args,
+)
 
 PROFILE_CHOICES = PROFILE_NAMES
 _TIMEOUTS = ", ".join(f"{name} {limits['timeout_s']} s" for name, limits in PROFILES.items())
+_FALSIFY_EVALUATIONS = ", ".join(f"{name} {b['evaluations']:g}"
+                                 for name, b in FALSIFY_BUDGETS.items())
+_FALSIFY_SECONDS = ", ".join(f"{name} {b['seconds']:g} s" for name, b in FALSIFY_BUDGETS.items())
 
 
 def _argument_type(check):
@@ -60,13 +69,25 @@ def _timeout(text: str) -> float:
     return _argument_type(check_timeout)(text)
 
 
-def _add_search_options(p: argparse.ArgumentParser) -> None:
+def _budget(text: str) -> float:
+    from attnverify.runconfig import check_budget
+
+    return _argument_type(check_budget)(text)
+
+
+def _max_length(text: str) -> int:
+    from attnverify.runconfig import check_max_length
+
+    return _argument_type(check_max_length)(text)
+
+
+def _add_search_options(p: argparse.ArgumentParser,
+                        examples: str = "examples per property") -> None:
     p.add_argument("--params", default=None, help="normalizer parameters, k=v,k=v")
     p.add_argument("--profile", choices=PROFILE_CHOICES, default=None,
                    help="search budget (default: $ATTNVERIFY_PROFILE or ci)")
     p.add_argument("--max-examples", type=_positive_int, default=None,
-                   help=f"examples per property, 1 to {MAX_EXAMPLES_LIMIT} (overrides the "
-                   "profile)")
+                   help=f"{examples}, 1 to {MAX_EXAMPLES_LIMIT} (overrides the profile)")
     p.add_argument("--seed", type=_seed, default=0, help="seed of the search, 0 to 2**64-1 "
                    "(default 0), or 'random': a fresh seed, recorded in the results and in every "
                    "repro line")
@@ -181,7 +202,15 @@ def _run_quantities(args) -> int:
 def _falsify_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", metavar="TARGET")
     p.add_argument("inequality", metavar="INEQUALITY", help='e.g. "jacobian_spectral <= 1/(4*T)"')
-    _add_search_options(p)
+    _add_search_options(p, examples="evaluations of the inequality the search may spend "
+                        f"(default per profile: {_FALSIFY_EVALUATIONS})")
+    p.add_argument("--budget", type=_budget, default=None, metavar="SECONDS",
+                   help="time cap of the search (default per profile: "
+                   f"{_FALSIFY_SECONDS}); the evaluations cap binds first on a normal run")
+    p.add_argument("--max-length", type=_max_length, default=None, metavar="N",
+                   help="longest row the search draws, masked keys included (default per "
+                   "profile: " + ", ".join(f"{k} {v['max_length']}" for k, v in PROFILES.items())
+                   + ")")
     p.add_argument("--json", dest="json_path", default=None, help="write the result as JSON")
 
 

@@ -2,14 +2,17 @@
 
 An inequality ``LHS <= RHS`` (also ``<``, ``>=``, ``>``; ``>=`` / ``>`` are flipped so the parsed
 form always reads ``lhs ≤ rhs`` or ``lhs < rhs``) over numbers, the quantities of a generated case
-(:mod:`attnverify.quantities`), ``+ - * / **``, unary minus, parentheses and the functions
-``exp log sqrt abs min max`` (``min`` / ``max`` take two or more arguments).
+(:mod:`attnverify.quantities`), the constants ``pi`` and ``e``, ``+ - * / **``, unary minus,
+parentheses and the functions ``exp log sqrt abs min max tanh sinh cosh log1p expm1`` (``min`` /
+``max`` take two or more arguments).
 
 A hand-written tokenizer and recursive-descent parser build a small tree; nothing is ``eval``ed or
 compiled. Every error is a :class:`~attnverify.errors.UsageError` with a one-line message naming
 the offending token and its column. Evaluation runs in torch (float64 for plain numbers), so the
 same tree evaluates floats (IEEE semantics: ``log 0 = -inf``, overflow gives ``inf``) and torch
-scalars with autograd, for gradient refinement of a witness.
+scalars with autograd, for gradient refinement of a witness. A function outside its domain
+gives NaN (``log1p(-2)``, ``sqrt(-1)``), which the verdict reads as *undefined*, never as a
+violation; overflow (``sinh(1000)``) gives ``±inf``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,14 @@ FUNCTIONS: dict[str, tuple[Callable[..., torch.Tensor], int]] = {
     "abs": (torch.abs, 1),
     "min": (lambda *xs: _fold(torch.minimum, xs), 2),
     "max": (lambda *xs: _fold(torch.maximum, xs), 2),
+    "tanh": (torch.tanh, 1),
+    "sinh": (torch.sinh, 1),
+    "cosh": (torch.cosh, 1),
+    "log1p": (torch.log1p, 1),
+    "expm1": (torch.expm1, 1),
 }
+#: Named constants (reserved: a quantity cannot take these names).
+CONSTANTS: dict[str, float] = {"pi": math.pi, "e": math.e}
 VARIADIC = {"min", "max"}
 COMPARISONS = {"<=": "<=", "<": "<", ">=": "<=", ">": "<"}
 
@@ -135,6 +145,19 @@ class Name(Node):
 
     def names(self):
         return frozenset({self.name})
+
+    def __str__(self):
+        return self.name
+
+
+@dataclass(frozen=True)
+class Constant(Node):
+    """A named constant (:data:`CONSTANTS`), printed by its name."""
+
+    name: str
+
+    def evaluate(self, values):
+        return torch.tensor(CONSTANTS[self.name], dtype=torch.float64)
 
     def __str__(self):
         return self.name
@@ -295,11 +318,13 @@ class _Parser:
         if is_call:
             known = ", ".join(FUNCTIONS)
             raise self.fail(f"unknown function {token.text!r} (functions: {known})", token)
+        if token.text in CONSTANTS:
+            return Constant(token.text)
         if token.text not in self.known:
             known = ", ".join(self.order)
             raise UsageError(
                 f"unknown quantity {token.text!r} at column {token.column} in "
-                f"{_quote(self.text)} (known: {known})"
+                f"{_quote(self.text)} (known: {known}; constants: {', '.join(CONSTANTS)})"
             )
         return Name(token.text)
 
@@ -377,29 +402,42 @@ class Inequality:
     def ratio(self, values: Mapping[str, Any]) -> Any:
         """``lhs / rhs`` for ``rhs > 0``; ``±inf`` for ``rhs ≤ 0`` (see the class docstring)."""
         lhs, rhs = self.evaluate(values)
-        if rhs > 0:
-            return lhs / rhs
-        return math.inf if self._fails(lhs, rhs) else -math.inf
+        return self._ratio(lhs, rhs)
 
     def holds(self, values: Mapping[str, Any], *, rtol: float = 0.0, atol: float = 0.0) -> bool:
         """Whether ``lhs ≤ rhs + atol + rtol·|rhs|``; strict: ``lhs < rhs − atol − rtol·|rhs|``
         (the tolerance never lets equality pass a strict inequality: it counts against the
         claim). NaN never holds."""
         lhs, rhs = (float(v) for v in self.evaluate(values))
-        slack = atol + rtol * abs(rhs) if math.isfinite(rhs) else 0.0
-        return not self._fails(lhs, rhs - slack if self.strict else rhs + slack)
+        return self._holds(lhs, rhs, rtol, atol)
 
     def verdict(self, values: Mapping[str, Any], *, rtol: float = 0.0,
                 atol: float = 0.0) -> str:
         """``"holds"``, ``"fails"`` or ``"undefined"`` at one point. Undefined: every quantity is
         a number but a side has none (0·log 0, log or sqrt of a negative, 0/0, ∞ − ∞); that is
         not a violation. A quantity that is NaN (the normalizer's output) fails."""
-        if any(_is_nan(values[n]) for n in self.names):
-            return "fails"
+        return self.judge(values, rtol=rtol, atol=atol)[3]
+
+    def judge(self, values: Mapping[str, Any], *, rtol: float = 0.0,
+              atol: float = 0.0) -> tuple[float, float, float, str]:
+        """``(lhs, rhs, ratio, verdict)`` at one point of plain numbers, the tree evaluated once
+        (:meth:`ratio` and :meth:`verdict` in one pass)."""
         lhs, rhs = (float(v) for v in self.evaluate(values))
+        ratio = float(self._ratio(lhs, rhs))
+        if any(_is_nan(values[n]) for n in self.names):
+            return lhs, rhs, ratio, "fails"
         if math.isnan(lhs) or math.isnan(rhs):
-            return "undefined"
-        return "holds" if self.holds(values, rtol=rtol, atol=atol) else "fails"
+            return lhs, rhs, ratio, "undefined"
+        return lhs, rhs, ratio, "holds" if self._holds(lhs, rhs, rtol, atol) else "fails"
+
+    def _ratio(self, lhs, rhs) -> Any:
+        if rhs > 0:
+            return lhs / rhs
+        return math.inf if self._fails(lhs, rhs) else -math.inf
+
+    def _holds(self, lhs: float, rhs: float, rtol: float, atol: float) -> bool:
+        slack = atol + rtol * abs(rhs) if math.isfinite(rhs) else 0.0
+        return not self._fails(lhs, rhs - slack if self.strict else rhs + slack)
 
     def _fails(self, lhs, rhs) -> bool:
         lhs, rhs = float(lhs), float(rhs)

@@ -1,12 +1,13 @@
 """``attnverify falsify``: search for the smallest input that breaks a proposed inequality.
 
-Two passes over the same seeded strategy of logit rows (and temperatures):
-
-1. **search** — Hypothesis explores and ``hypothesis.target`` maximises LHS/RHS; nothing is
-   raised, so the worst ratio over the whole budget is known;
-2. **shrink** — if any case failed, a second run raises on failure so that Hypothesis shrinks
-   to a minimal witness (shortest row, simplest kind, temperature 1). Should that run not meet
-   a failure (rare failures), the smallest failing case of the search stands as the witness.
+The search (:mod:`attnverify.falsify_search`) spends a budget of evaluations of the inequality:
+an extremal battery (two- and three-level rows, ties, one-hot-like rows, on a grid of lengths
+and of ``a/T``, masked, at temperatures below and above 1), then one seeded Hypothesis run per
+stratum of row lengths with ``hypothesis.target`` on LHS/RHS, then a bounded Nelder–Mead polish
+(``scipy.optimize``) from the best case of each stratum. The first case that fails ends the search
+and is shrunk (fewest keys, simplest values, T = 1) into the reported witness. The result says how
+hard the search looked: evaluations per phase, every stratum with its evaluations and best ratio,
+the witness, where and when it was first met, and the time.
 
 A case fails when ``LHS > RHS + atol + rtol·|RHS|`` with the float64 row of the tolerance table;
 a strict ``LHS < RHS`` fails when ``LHS ≥ RHS − atol − rtol·|RHS|`` (equality falsifies it: the
@@ -14,7 +15,7 @@ tolerance never counts for a strict claim); a NaN quantity (the normalizer's out
 Where the expression itself has no value (0·log 0, log of a negative, 0/0) the case is counted as
 *undefined*, not as a failure, and the first such case is reported. Quantities are defined over
 the unmasked keys (:mod:`attnverify.quantities`). ``--params temperature=…`` fixes T for every
-case. Quantities that need a Jacobian limit the row length (see :data:`JACOBIAN_MAX_L`).
+case. Quantities that need an entry-wise Jacobian limit the row length (:data:`JACOBIAN_MAX_L`).
 """
 
 from __future__ import annotations
@@ -22,68 +23,80 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
-import hypothesis
 import torch
-from hypothesis import Phase, given
-from hypothesis import strategies as st
 
-from attnverify import heartbeat
-from attnverify import strategies as S
 from attnverify.checks.base import Context
 from attnverify.errors import UsageError
 from attnverify.expr import Inequality, parse_inequality
-from attnverify.quantities import QUANTITIES, evaluate_quantities
+from attnverify.falsify_search import (
+    BATTERY_SHARE,
+    ENTRYWISE,
+    JACOBIAN_MAX_L,
+    KINDS,
+    STRATA_SHARE,
+    Budget,
+    Evaluation,
+    FalsifyCase,
+    Search,
+    StratumRecord,
+    _Crossed,
+    _Spent,
+    evaluate,
+    max_length_for,
+    run_battery,
+    run_polish,
+    run_strata,
+    shape_of,
+    shrink_witness,
+)
+from attnverify.quantities import QUANTITIES
 from attnverify.registry import NormalizerSpec
-from attnverify.runconfig import hypothesis_settings
-from attnverify.serialize import encode_tensor, jsonable, number, repro_command
-from attnverify.tolerances import tol_for
+from attnverify.runconfig import falsify_budget
+from attnverify.serialize import number, repro_command
 
-F64 = torch.float64
-#: Longest row when an expression names an entry-wise Jacobian quantity (O(L²) work).
-JACOBIAN_MAX_L = 256
-ENTRYWISE = frozenset(name for name, q in QUANTITIES.items() if q.quadratic)
-KINDS = tuple(k for k in S.ALL_KINDS if k not in ("fully_masked", "mixed_scale"))
+__all__ = ["ENTRYWISE", "JACOBIAN_MAX_L", "KINDS", "Evaluation", "FalsifyCase", "FalsifyResult",
+           "SearchReport", "evaluate", "falsify", "make_search", "repro", "rerun", "result_json",
+           "shape_of", "summary"]
 
-
-class FalsifyCase(NamedTuple):
-    scores: torch.Tensor  # [L], float64
-    temperature: float | None
-    kind: str
-    seed: int
+#: The phases of a search, in order, with their share of the evaluations left (None: all).
+PHASES = (("battery", BATTERY_SHARE, run_battery), ("strata", STRATA_SHARE, None),
+          ("polish", None, run_polish))
 
 
 @dataclass
-class Evaluation:
-    case: FalsifyCase
-    values: dict[str, float]
-    lhs: float
-    rhs: float
-    ratio: float
-    fails: bool
-    undefined: bool = False
+class SearchReport:
+    """How hard a search looked (added by issue #18)."""
+
+    budget: Budget
+    evaluations: int
+    by_phase: dict[str, int]
+    strata: list[StratumRecord]
+    stopped: str  # "witness", "budget" (evaluations spent) or "time" (the time cap)
+    search_s: float
+    first_witness: Evaluation | None = None
+    first_witness_evaluation: int = 0
+    first_witness_s: float = 0.0
+    first_witness_phase: str = ""
+    shrink_evaluations: int = 0
 
     def to_json(self) -> dict[str, Any]:
+        first = None
+        if self.first_witness is not None:
+            first = dict(self.first_witness.to_json(), evaluation=self.first_witness_evaluation,
+                         seconds=round(self.first_witness_s, 3), phase=self.first_witness_phase)
         return {
-            "L": int(self.case.scores.shape[-1]),
-            "masked": int((self.case.scores == -math.inf).sum()),
-            "scores": [_num(v) for v in self.case.scores.tolist()],
-            "temperature": self.case.temperature,
-            "kind": self.case.kind,
-            "shape": shape_of(self.case.scores),
-            "seed": self.case.seed,
-            "quantities": {k: _num(v) for k, v in self.values.items()},
-            "lhs": _num(self.lhs),
-            "rhs": _num(self.rhs),
-            "ratio": _num(self.ratio),
+            "budget": {"evaluations": self.budget.evaluations, "seconds": self.budget.seconds,
+                       "max_length": self.budget.max_length},
+            "evaluations": self.evaluations,
+            "phases": dict(self.by_phase),
+            "stopped": self.stopped,
+            "search_s": round(self.search_s, 3),
+            "strata": [r.to_json() for r in self.strata],
+            "first_witness": first,
+            "shrink_evaluations": self.shrink_evaluations,
         }
-
-    def case_json(self, params: dict[str, Any]) -> dict[str, Any]:
-        """The case as ``attnverify repro --inequality`` reads it."""
-        return {"scores": encode_tensor(self.case.scores), "dtype": "float64",
-                "temperature": self.case.temperature, "kind": self.case.kind,
-                "seed": self.case.seed, "params": jsonable(params)}
 
 
 @dataclass
@@ -91,7 +104,7 @@ class FalsifyResult:
     target: str
     inequality: Inequality
     falsified: bool
-    examples: int
+    examples: int  # evaluations of the inequality by the search (shrinking not counted)
     elapsed_s: float
     worst: Evaluation | None
     witness: Evaluation | None
@@ -100,58 +113,25 @@ class FalsifyResult:
     #: Cases where the expression had no value (0·log 0, …), and the first of them.
     undefined: int = 0
     undefined_example: Evaluation | None = None
+    #: How hard the search looked (issue #18).
+    search: SearchReport | None = None
 
 
-class _Failed(AssertionError):
-    pass
+def search_budget(ctx: Context, ineq: Inequality) -> Budget:
+    """The budget of a search of ``ineq`` under ``ctx``: evaluations and seconds from
+    :func:`attnverify.runconfig.falsify_budget`, the longest row from the context (at most
+    :data:`JACOBIAN_MAX_L` for entry-wise Jacobian quantities)."""
+    evaluations, seconds = falsify_budget(ctx)
+    return Budget(evaluations, seconds, max_length_for(ineq, ctx.max_length))
 
 
-def case_strategy(spec: NormalizerSpec, ctx: Context, ineq: Inequality):
-    max_length = ctx.max_length
-    if ineq.names & ENTRYWISE:
-        max_length = min(max_length, JACOBIAN_MAX_L)
-    temperature = S.temperatures() if spec.takes_temperature else st.none()
-    if spec.takes_temperature and ctx.temperature is not None:
-        temperature = st.just(ctx.temperature)
-    return st.builds(
-        lambda rows, t: FalsifyCase(rows.scores[0], t, rows.kind, rows.seed),
-        S.logit_rows(min_length=1, max_length=max_length, batch=1, dtypes=(F64,), kinds=KINDS,
-                     device="cpu"),
-        temperature,
-    )
-
-
-def explicit_cases(spec: NormalizerSpec, ctx: Context | None = None) -> list[FalsifyCase]:
-    """Small adversarial rows every search tries first (one key, one key beside a masked one,
-    ties, a two-way tie, a peak, …), at T = 1 or the fixed temperature."""
-    t = None
-    if spec.takes_temperature:
-        t = 1.0 if ctx is None or ctx.temperature is None else ctx.temperature
-    single = S.build_rows("single", length=1, batch=1, dtype=F64, seed=1)
-    out = [FalsifyCase(single.scores[0], t, "single", 1)]
-    for length in (2, 3, 8):
-        for kind in KINDS:
-            if kind == "single":
-                continue
-            rows = S.build_rows(kind, length=length, batch=1, dtype=F64, seed=1)
-            out.append(FalsifyCase(rows.scores[0], t, kind, 1))
-    return out
-
-
-def evaluate(spec, ineq: Inequality, case: FalsifyCase, params) -> Evaluation:
-    heartbeat.example_started(case)  # the watchdog's clock (no-op outside a worker)
-    try:
-        values = evaluate_quantities(ineq.names, spec, case.scores, case.temperature, params)
-    finally:
-        heartbeat.example_finished()
-    lhs, rhs = ineq.evaluate(values)
-    ratio = float(ineq.ratio(values))
-    t = tol_for(F64)
-    verdict = ineq.verdict(values, rtol=t.rtol, atol=t.atol)
-    if verdict == "undefined":
-        ratio = math.nan  # no value: neither the worst case nor a failure
-    return Evaluation(case, values, float(lhs), float(rhs), ratio, verdict == "fails",
-                      verdict == "undefined")
+def make_search(spec: NormalizerSpec, ineq: Inequality, ctx: Context,
+                params: dict[str, Any] | None = None) -> Search:
+    """A fresh :class:`~attnverify.falsify_search.Search` of ``ineq`` on ``spec`` under ``ctx``
+    (its budget from :func:`search_budget`; T fixed when ``ctx`` fixes it)."""
+    return Search(ctx, spec, ineq, dict(params or {}), search_budget(ctx, ineq),
+                  takes_temperature=bool(spec.takes_temperature),
+                  fixed_temperature=ctx.temperature)
 
 
 def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None = None,
@@ -164,74 +144,42 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
 
         ctx = fix_temperature(ctx, params)
     start = time.perf_counter()
-    strategy = case_strategy(spec, ctx, ineq)
-    found: dict[str, Any] = {"n": 0, "worst": None, "smallest": None, "undefined": 0,
-                             "undefined_example": None}
-
-    def record(ev: Evaluation) -> None:
-        found["n"] += 1
-        if ev.undefined:
-            found["undefined"] += 1
-            found["undefined_example"] = found["undefined_example"] or ev
-        if (found["worst"] is None or _key(ev) > _key(found["worst"])
-                or (found["worst"].undefined and not ev.undefined)):
-            found["worst"] = ev
-        if ev.fails and (found["smallest"] is None
-                         or _size(ev) < _size(found["smallest"])):
-            found["smallest"] = ev
-
-    def better(a: Evaluation | None, b: Evaluation | None) -> Evaluation | None:
-        if a is None or b is None:
-            return a or b
-        return a if _size(a) <= _size(b) else b
-
-    def search(case: FalsifyCase) -> None:
-        ev = evaluate(spec, ineq, case, params)
-        record(ev)
-        if math.isfinite(ev.ratio):
-            hypothesis.target(max(min(ev.ratio, 1e12), -1e12), label="lhs/rhs")
-
-    test = given(strategy)(search)
-    for case in explicit_cases(spec, ctx):
-        test = hypothesis.example(case)(test)
-    phases = (Phase.explicit, Phase.generate, Phase.target)
-    hypothesis.seed(ctx.seed)(hypothesis_settings(ctx, phases=phases)(test))()
-    witness = found["smallest"]
+    search = make_search(spec, ineq, ctx, params)
+    key = "|".join([label or str(spec.id), ineq.normalized,
+                    ",".join(f"{k}={v}" for k, v in sorted(params.items()))])
+    for name, share, run in PHASES:
+        if search.left() <= 0 or search.stopped == "time":
+            break
+        search.begin(name, share)
+        try:
+            if run is None:
+                run_strata(search, ctx.seed, key)
+            else:
+                run(search)
+        except _Spent:
+            continue
+        except _Crossed:
+            break
+    search_s = time.perf_counter() - start
+    report = SearchReport(search.budget, search.evaluations, dict(search.by_phase),
+                          search.records, search.stopped, search_s)
+    witness = search.witness
     if witness is not None:
-        witness = better(_shrink(spec, ineq, strategy, ctx, params), witness)
+        report.first_witness = witness
+        report.first_witness_evaluation = search.witness_evaluation
+        report.first_witness_s = search.witness_s
+        report.first_witness_phase = search.witness_phase
+        free_t = bool(spec.takes_temperature) and ctx.temperature is None
+        witness, report.shrink_evaluations = shrink_witness(search, witness, free_t)
+    worst = search.worst
+    if witness is not None and (worst is None or witness.ratio > worst.ratio):
+        worst = witness  # the shrunk witness can break the bound by more than the first case
     return FalsifyResult(
         target=label or spec.id, inequality=ineq, falsified=witness is not None,
-        examples=found["n"], elapsed_s=time.perf_counter() - start, worst=found["worst"],
-        witness=witness, params=dict(params), undefined=found["undefined"],
-        undefined_example=found["undefined_example"],
+        examples=search.evaluations, elapsed_s=time.perf_counter() - start, worst=worst,
+        witness=witness, params=dict(params), undefined=search.undefined,
+        undefined_example=search.undefined_example, search=report,
     )
-
-
-def _shrink(spec, ineq, strategy, ctx, params) -> Evaluation | None:
-    last: dict[str, Evaluation] = {}
-
-    def must_hold(case: FalsifyCase) -> None:
-        ev = evaluate(spec, ineq, case, params)
-        if ev.fails:
-            last["ev"] = ev
-            raise _Failed()
-
-    test = given(strategy)(must_hold)
-    try:
-        hypothesis.seed(ctx.seed)(hypothesis_settings(ctx)(test))()
-    except _Failed:
-        return last.get("ev")
-    return None
-
-
-def _key(ev: Evaluation) -> float:
-    return -math.inf if math.isnan(ev.ratio) else ev.ratio
-
-
-def _size(ev: Evaluation) -> tuple[int, float, int]:
-    """Witness order: shortest row first, then the largest violation, then the simplest kind."""
-    kind = KINDS.index(ev.case.kind) if ev.case.kind in KINDS else len(KINDS)
-    return (int(ev.case.scores.shape[-1]), -_key(ev), kind)
 
 
 def _num(v: float) -> Any:
@@ -265,6 +213,7 @@ def result_json(res: FalsifyResult, ctx: Context) -> dict[str, Any]:
         "undefined_example": res.undefined_example.to_json() if res.undefined_example else None,
         "repro": repro(res, ctx),
         "rerun": rerun(res, ctx),
+        "search": res.search.to_json() if res.search else None,
     }
 
 
@@ -278,31 +227,27 @@ def repro(res: FalsifyResult, ctx: Context) -> str:
 
 
 def rerun(res: FalsifyResult, ctx: Context) -> str:
-    """The command that runs the same search again."""
+    """The command that runs the same search again (with the budget options that were set)."""
+    from attnverify.runconfig import PROFILES
+
     params = ",".join(f"{k}={v}" for k, v in res.params.items() if v is not None)
     extra = f" --params {params}" if params else ""
+    if getattr(ctx, "falsify_evaluations", None):
+        extra += f" --max-examples {ctx.falsify_evaluations}"
+    if getattr(ctx, "budget_s", None):
+        extra += f" --budget {ctx.budget_s:g}"
+    if ctx.max_length != PROFILES.get(ctx.profile, {}).get("max_length", ctx.max_length):
+        extra += f" --max-length {ctx.max_length}"
     return (f"attnverify falsify {res.target} \"{res.inequality.text}\"{extra} "
             f"--profile {ctx.profile} --seed {ctx.seed}")
-
-
-def shape_of(scores: torch.Tensor) -> str:
-    """A plain name for a witness row: "two-way tie", "all tied", or its generator kind."""
-    live = scores[torch.isfinite(scores)]
-    if live.numel() >= 2:
-        top = live.max()
-        ties = int((live == top).sum())
-        if ties == live.numel():
-            return "all tied" if ties > 2 else "two-way tie"
-        if ties == 2:
-            return "two-way tie"
-    return ""
 
 
 def summary(res: FalsifyResult, ctx: Context) -> str:
     lines = []
     head = "FALSIFIED" if res.falsified else "not falsified"
     lines.append(f"{head}: {res.inequality.normalized}  [{res.target}]  "
-                 f"({res.examples} cases, {res.elapsed_s:.1f}s, profile {ctx.profile}, "
+                 f"({_count(res.examples, 'evaluation')}, {res.elapsed_s:.1f}s, "
+                 f"profile {ctx.profile}, "
                  f"seed {ctx.seed})")
     if res.witness:
         w = res.witness
@@ -316,6 +261,13 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
         vals = ", ".join(f"{k}={v:.6g}" for k, v in w.values.items())
         lines.append(f"  at the witness: {vals}; LHS={w.lhs:.6g} RHS={w.rhs:.6g} "
                      f"ratio={w.ratio:.4g}")
+    report = res.search
+    if report is not None and report.first_witness is not None:
+        first = report.first_witness
+        lines.append(f"  first met by the {report.first_witness_phase} at evaluation "
+                     f"{report.first_witness_evaluation} ({report.first_witness_s:.2f}s), "
+                     f"L={first.case.scores.numel()}, ratio {first.ratio:.4g}; shrunk in "
+                     f"{_count(report.shrink_evaluations, 'evaluation')}")
     if res.worst:
         lines.append(f"  worst ratio LHS/RHS found: {res.worst.ratio:.6g} "
                      f"(L={res.worst.case.scores.numel()}, kind {res.worst.case.kind})")
@@ -324,8 +276,35 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
         vals = ", ".join(f"{k}={v:.6g}" for k, v in u.values.items())
         lines.append(f"  undefined on {res.undefined} cases (the expression has no value there, "
                      f"not a violation), e.g. at {vals}")
+    if report is not None:
+        lines.extend(_search_lines(report))
     lines.append(f"  repro: {repro(res, ctx)}")
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+_STOPPED = {"witness": "stopped at the first witness", "budget": "evaluations spent",
+            "time": "stopped by the time cap (--budget)"}
+
+
+def _search_lines(report: SearchReport) -> list[str]:
+    """The console's account of the search: phases, then one line per stratum explored."""
+    phases = ", ".join(f"{name} {n}" for name, n in report.by_phase.items())
+    b = report.budget
+    out = [f"  search: {report.evaluations} of {b.evaluations} evaluations ({phases}), "
+           f"{report.search_s:.1f}s of {b.seconds:g}s, rows up to {b.max_length} keys; "
+           f"{_STOPPED.get(report.stopped, report.stopped)}"]
+    rows = [r for r in report.strata if r.evaluations]
+    if rows:
+        width = max(len("stratum"), *(len(r.stratum.name) for r in rows))
+        out.append(f"    {'stratum'.ljust(width)}  evaluations  best ratio")
+        for r in rows:
+            best = "-" if r.best is None or math.isnan(r.best.ratio) else f"{r.best.ratio:.6g}"
+            out.append(f"    {r.stratum.name.ljust(width)}  {r.evaluations:>11}  {best}")
+    return out
 
 
 def run_falsify_command(args, isolated=None) -> int:
@@ -337,7 +316,8 @@ def run_falsify_command(args, isolated=None) -> int:
     from attnverify.report import check_writable, write_json
 
     ctx = make_context(args.profile, max_examples=args.max_examples, seed=args.seed,
-                       timeout=args.timeout, isolation=False if args.no_isolation else None)
+                       timeout=args.timeout, isolation=False if args.no_isolation else None,
+                       budget=args.budget, max_length=args.max_length)
     check_writable(args.json_path, "--json")
     params = parse_params(args.params)
     from attnverify.certify import fix_temperature

@@ -65,6 +65,20 @@ class Case:
         return torch.isfinite(self.row)
 
     @cached_property
+    def all_unmasked(self) -> bool:
+        return bool(self.unmasked.all())
+
+    @cached_property
+    def live_logits(self) -> Tensor:
+        """The unmasked logits."""
+        return self.row if self.all_unmasked else self.row[self.unmasked]
+
+    @cached_property
+    def live_weights(self) -> Tensor:
+        """The weights of the unmasked keys."""
+        return self.weights if self.all_unmasked else self.weights[self.unmasked]
+
+    @cached_property
     def free_map(self) -> tuple[Callable[[Tensor], Tensor], Tensor]:
         """The map of the unmasked logits to their weights, and those logits."""
         idx = torch.nonzero(self.unmasked).reshape(-1)
@@ -110,7 +124,7 @@ class Quantity:
 
 
 def _unmasked_weights(case: Case) -> Tensor:
-    return case.weights[case.unmasked]
+    return case.live_weights
 
 
 def _over_unmasked(reduce: Callable[[Tensor], Tensor]) -> Callable[[Case], float]:
@@ -130,7 +144,7 @@ def _entropy(case: Case) -> float:
 
 
 def _logit_gap(case: Case) -> float:
-    logits = case.row[case.unmasked]
+    logits = case.live_logits
     if len(logits) < 2:
         return 0.0
     top = torch.topk(logits, 2).values
@@ -154,7 +168,7 @@ def _quantities() -> dict[str, Quantity]:
         Quantity(
             "a",
             "largest |logit| over the unmasked keys",
-            lambda c: float(c.row[c.unmasked].abs().max()) if bool(c.unmasked.any()) else math.nan,
+            lambda c: float(c.live_logits.abs().max()) if c.live_logits.numel() else math.nan,
         ),
         Quantity(
             "logit_gap", "largest unmasked logit minus the second largest (0 if fewer)", _logit_gap

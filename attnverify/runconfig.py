@@ -31,6 +31,14 @@ PROFILES: dict[str, dict[str, int]] = {
 }
 PROFILE_NAMES = tuple(PROFILES)
 DEFAULT_PROFILE = "ci"
+#: ``falsify``'s budget per profile: evaluations of the inequality (battery, strata and polish
+#: together: the cap that binds, so a seed gives the same result on every machine) and seconds
+#: (a safety net for slow targets; ``--budget`` sets it).
+FALSIFY_BUDGETS: dict[str, dict[str, float]] = {
+    "dev": {"evaluations": 500, "seconds": 120.0},
+    "ci": {"evaluations": 3000, "seconds": 600.0},
+    "thorough": {"evaluations": 30000, "seconds": 3600.0},
+}
 
 #: Upper bounds of the numeric options (beyond them: exit 2).
 MAX_EXAMPLES_LIMIT = 100_000
@@ -38,6 +46,7 @@ MAX_TIMEOUT_S = 86_400.0
 MAX_SEED = 2**64 - 1
 #: ``--seed random``: a fresh seed drawn for the run (and recorded wherever the seed is).
 RANDOM_SEED = "random"
+MAX_LENGTH_LIMIT = 2**20
 
 DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
 DEVICES = ("cpu", "cuda")
@@ -77,6 +86,10 @@ def _run_context() -> type:
         #: ``"fixed"`` (given or the default) or ``"random"`` (drawn for this run by
         #: ``--seed random``).
         seed_source: str = "fixed"
+        #: ``falsify``: evaluations of the search (None: the profile's, FALSIFY_BUDGETS) and its
+        #: time cap in seconds (``--budget``; None: the profile's).
+        falsify_evaluations: int | None = None
+        budget_s: float | None = None
 
     RunContext.__module__, RunContext.__qualname__ = __name__, "RunContext"
     return RunContext
@@ -117,8 +130,13 @@ def make_context(
     seed: int = 0,
     timeout: float | None = None,
     isolation: bool | None = None,
+    budget: float | None = None,
+    max_length: int | None = None,
 ) -> RunContext:  # noqa: F821 - built on demand
-    """Build a :class:`RunContext`, validating every argument (usage errors name the flag)."""
+    """Build a :class:`RunContext`, validating every argument (usage errors name the flag).
+
+    ``max_examples`` is also ``falsify``'s evaluation budget when given; ``budget`` is
+    ``falsify``'s time cap (``--budget``); ``max_length`` overrides the profile's longest row."""
     profile = profile or os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
     if profile not in PROFILES:
         raise UsageError(f"unknown profile {profile!r}: expected one of {', '.join(PROFILES)}")
@@ -133,6 +151,8 @@ def make_context(
         import secrets
 
         seed, seed_source = secrets.randbits(64), "random"
+    if max_length is not None:
+        limits["max_length"] = check_max_length(max_length)
     return _run_context()(
         profile=profile,
         dtypes=parse_dtypes(dtypes),
@@ -141,6 +161,8 @@ def make_context(
         seed_source=seed_source,
         timeout_s=timeout_s,
         isolation=isolation_default() if isolation is None else bool(isolation),
+        falsify_evaluations=None if max_examples is None else limits["max_examples"],
+        budget_s=None if budget is None else check_budget(budget),
         **limits,
     )
 
@@ -153,6 +175,16 @@ def context_from_args(args, *, dtypes: bool = True):
     return make_context(args.profile, max_examples=args.max_examples, seed=args.seed,
                         timeout=args.timeout, isolation=False if args.no_isolation else None,
                         **extra)
+
+
+def falsify_budget(ctx) -> tuple[int, float]:
+    """``(evaluations, seconds)`` of a falsify search under ``ctx`` (its own, else the
+    profile's :data:`FALSIFY_BUDGETS`)."""
+    profile = ctx.profile if ctx.profile in FALSIFY_BUDGETS else DEFAULT_PROFILE
+    defaults = FALSIFY_BUDGETS[profile]
+    evaluations = getattr(ctx, "falsify_evaluations", None) or int(defaults["evaluations"])
+    seconds = getattr(ctx, "budget_s", None) or float(defaults["seconds"])
+    return int(evaluations), float(seconds)
 
 
 def check_max_examples(value) -> int:
@@ -177,6 +209,26 @@ def check_timeout(value) -> float:
     if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
         raise UsageError(f"--timeout must be a positive number of seconds up to "
                          f"{MAX_TIMEOUT_S:g}, got {value!r}")
+    return value
+
+
+def check_budget(value) -> float:
+    """``--budget SECONDS``: falsify's time cap, positive and at most a day."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"--budget expects a number of seconds, got {str(value)[:40]!r}") from None
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+        raise UsageError(f"--budget must be a positive number of seconds up to "
+                         f"{MAX_TIMEOUT_S:g}, got {value!r}")
+    return value
+
+
+def check_max_length(value) -> int:
+    """``--max-length N``: the longest row a search draws, 1 to 2**20."""
+    value = _as_int(value, "--max-length")
+    if not 1 <= value <= MAX_LENGTH_LIMIT:
+        raise UsageError(f"--max-length must be between 1 and {MAX_LENGTH_LIMIT}, got {value}")
     return value
 
 

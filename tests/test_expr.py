@@ -109,7 +109,8 @@ def test_evaluates_torch_values_with_autograd():
     "text,message",
     [
         ("foo <= 1", "unknown quantity 'foo' at column 1 in \"foo <= 1\" (known: L, T, a,"),
-        ("sin(L) <= 1", "unknown function 'sin' (functions: exp, log, sqrt, abs, min, max)"),
+        ("sin(L) <= 1", "unknown function 'sin' (functions: exp, log, sqrt, abs, min, max, tanh, "
+         "sinh, cosh, log1p, expm1)"),
         ("exp <= 1", "function 'exp' needs arguments"),
         ("min(L) <= 1", "min takes at least 2 argument(s), got 1"),
         ("exp(L, T) <= 1", "exp takes 1 argument(s), got 2"),
@@ -149,3 +150,67 @@ def test_default_names_are_the_quantities():
 def test_missing_value_is_a_key_error():
     with pytest.raises(KeyError, match="'a'"):
         parse_inequality("a <= 1", KNOWN).evaluate({"L": 1.0})
+
+
+# --------------------------------------------------------------------------------------------
+# Functions and constants added by issue #18
+
+
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        ("tanh(1)", (math.e - 1 / math.e) / (math.e + 1 / math.e)),
+        ("sinh(1)", (math.e - 1 / math.e) / 2),
+        ("cosh(1)", (math.e + 1 / math.e) / 2),
+        ("cosh(a)**2 - sinh(a)**2", 1.0),  # a = 2: rounding of two squares near 14
+        ("log1p(e - 1)", 1.0),
+        ("expm1(log(2))", 1.0),
+        ("log1p(1e-20)", 1e-20),  # log1p and expm1 keep the digits log(1 + x) would lose
+        ("expm1(1e-20)", 1e-20),
+        ("pi", math.pi),
+        ("e", math.e),
+        ("2*pi*e", 2 * math.pi * math.e),
+        ("tanh(a/T) + 1", math.tanh(4.0) + 1),
+        ("1e-3*e", 1e-3 * math.e),  # a number's exponent is not the constant
+    ],
+)
+def test_hyperbolic_functions_log1p_expm1_and_constants(text, want):
+    assert value(text) == pytest.approx(want, rel=1e-14, abs=1e-300), text
+
+
+def test_new_functions_follow_ieee_semantics_undefined_not_violation():
+    assert math.isnan(value("log1p(-2)"))
+    assert value("log1p(-1)") == -math.inf
+    assert value("sinh(1000)") == math.inf and value("sinh(-1000)") == -math.inf
+    assert value("cosh(1000)") == math.inf and value("expm1(1000)") == math.inf
+    assert value("tanh(1000)") == 1.0 and value("expm1(-1000)") == -1.0
+    undefined = parse_inequality("log1p(-2) <= max_weight", KNOWN)
+    assert undefined.verdict(VALUES) == "undefined"  # no value: not a violation
+    overflow = parse_inequality("cosh(1000) - sinh(1000) <= max_weight", KNOWN)  # inf - inf
+    assert overflow.verdict(VALUES) == "undefined"
+    assert parse_inequality("sinh(1000) <= max_weight", KNOWN).verdict(VALUES) == "fails"
+
+
+def test_constants_print_by_name_and_are_not_quantities():
+    ineq = parse_inequality("max_weight <= pi/e", KNOWN)
+    assert ineq.normalized == "max_weight <= (pi / e)"
+    assert ineq.names == {"max_weight"}
+    from attnverify.quantities import QUANTITIES
+
+    assert not {"pi", "e"} & set(QUANTITIES)
+    with pytest.raises(UsageError, match=r"constants: pi, e"):
+        parse_inequality("tau <= 1", KNOWN)
+    with pytest.raises(UsageError, match="unknown function 'pi'"):
+        parse_inequality("pi(1) <= 1", KNOWN)
+    with pytest.raises(UsageError, match="tanh takes 1 argument"):
+        parse_inequality("tanh(L, T) <= 1", KNOWN)
+    with pytest.raises(UsageError, match="function 'log1p' needs arguments"):
+        parse_inequality("log1p <= 1", KNOWN)
+
+
+def test_the_limits_hold_for_the_new_functions():
+    deep = "tanh(" * 70 + "L" + ")" * 70 + " <= 1"
+    with pytest.raises(UsageError, match="nested more than 64 levels"):
+        parse_inequality(deep, KNOWN)
+    with pytest.raises(UsageError, match="at most 2000"):
+        parse_inequality("L <= " + "+".join(["e"] * 1200), KNOWN)

@@ -2,7 +2,8 @@
 false ones and the strict inequalities that equality breaks are falsified, quantities keep their
 meaning on masked rows, and an expression without a value is "undefined", not a violation.
 
-Every search runs with the fixed seed 0 and a small budget (Hypothesis seeded by falsify).
+Every search runs with the fixed seed 0 and a small budget of 200 evaluations (Hypothesis seeded by
+falsify).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from attnverify.expr import parse_inequality
 from attnverify.falsify import FalsifyCase, evaluate, falsify
 from attnverify.registry import load_target
 
-#: Rows up to 64 keys keep the Jacobian quantities cheap.
-CTX = dataclasses.replace(make_context("dev", max_examples=8, seed=0), max_length=64)
+#: Rows up to 64 keys keep the Jacobian quantities cheap; ``max_examples`` is falsify's budget of
+#: evaluations.
+CTX = dataclasses.replace(make_context("dev", max_examples=200, seed=0), max_length=64)
 NEG = -math.inf
 
 #: True statements of THEORY.md §2–6 written with falsify's quantities (all over the unmasked keys).

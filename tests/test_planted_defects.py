@@ -4,6 +4,7 @@ third-party implementations. Each defect must show up as a violation of the prop
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from pathlib import Path
 
@@ -82,6 +83,8 @@ def test_nan_on_a_masked_key_is_shown_as_one_row_of_two_keys_that_reproduces(cap
 def test_a_true_bound_with_masked_key_semantics_is_not_falsified():
     # Lemma 1 on rows with masked keys (the search's explicit cases include masked rows): L, a
     # and the weights all count the unmasked keys, so the true bound raises no false alarm
-    res = falsify(load_target("softmax"), "max_weight <= exp(2*a/T)/L", CTX)
+    # (500 evaluations: the scout and the battery's rows up to L = 16, masked variants included)
+    ctx = dataclasses.replace(CTX, falsify_evaluations=500)
+    res = falsify(load_target("softmax"), "max_weight <= exp(2*a/T)/L", ctx)
     assert not res.falsified, res.witness.to_json() if res.witness else None
     assert res.examples >= 50

@@ -156,10 +156,13 @@ def _simpler(value: float) -> list[float]:
 
 
 def _one_digit(value: float) -> float:
+    """``value`` truncated to one significant digit, written as a decimal (0.3 stays 0.3: the
+    quotient 0.3/0.1 is 2.9999999999999996, so it is rounded before truncating)."""
     if value == 0:
         return 0.0
-    scale = 10.0 ** math.floor(math.log10(abs(value)))
-    return math.trunc(value / scale) * scale
+    exponent = math.floor(math.log10(abs(value)))
+    digit = math.trunc(round(value / 10.0**exponent, 9))
+    return float(f"{digit}e{exponent}")
 
 
 def _take_rows(case, rows: list[int]):

@@ -1,0 +1,706 @@
+"""The search behind ``attnverify falsify``: extremal battery, stratified Hypothesis, numeric
+polish, then shrinking of the first case that crosses the bound.
+
+Every evaluation of the inequality goes through one :class:`Search`, which counts it against the
+budget (evaluations, and seconds as a safety net), files it under its *stratum* (a band of
+unmasked row lengths, masked or not) and stops the search at the first case that fails. The
+phases, in order, each with a share of the evaluations the previous ones left:
+
+1. **battery** (:func:`battery`): rows whose logits take two or three levels (``k`` keys at
+   ``+a``, the rest at ``−a``, at ``0``, …), ties, a zero row and one-hot-like rows (one key
+   ``+a`` above ``L − 1`` at ``−a``, at large ``a/T``), for the row lengths of
+   :data:`LENGTH_GRID` and ``a/T`` on the log grid :data:`RATIO_GRID` (1e-3 … 1e2), with masked
+   variants (``L_padded > L``) and temperatures below and above 1 (:data:`TEMPERATURE_GRID`).
+   Bounds over logits in ``[−a, a]`` take their extremes at vertices of the box and at ties,
+   whatever the normalizer and the quantity. A first sweep (:func:`scout`) meets every
+   (length, a/T) pair once; then each length, shortest first, is covered in full.
+2. **strata** (:func:`stratum_cases`): one seeded Hypothesis run per stratum with its own
+   ``hypothesis.target`` label, so a stratum where the bound is trivially tight (``L = 1``) cannot
+   take the whole search. Rows are drawn as a few levels with counts, as free values (short rows)
+   or as one of the adversarial kinds of :func:`attnverify.strategies.logit_rows`, scaled so that
+   ``a`` is the drawn magnitude.
+3. **polish** (:func:`run_polish`): from the best case of each stratum, a bounded Nelder–Mead
+   (``scipy.optimize.minimize``) maximises LHS/RHS over the row's levels (tied keys move
+   together; rows with many distinct values move in eight quantile groups), its scale and the
+   temperature where it is free, at fixed ``L`` and mask.
+
+A failing case ends the search and goes to shrinking (:func:`shrink_witness`, the greedy shrinker
+of :mod:`attnverify.checks.shrink`: fewer keys, simpler values, temperature 1). The same seed
+gives the same evaluations in the same order, so the count budget, not the clock, decides what
+is found (the clock only stops a search that runs far past its profile's time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import hypothesis
+import torch
+from hypothesis import Phase, given
+from hypothesis import strategies as st
+
+from attnverify import heartbeat
+from attnverify import strategies as S
+from attnverify.expr import Inequality
+from attnverify.quantities import QUANTITIES, evaluate_quantities
+from attnverify.runconfig import hypothesis_settings
+from attnverify.serialize import encode_tensor, jsonable, number
+from attnverify.tolerances import tol_for
+
+F64 = torch.float64
+NEG_INF = -math.inf
+#: Longest row when an expression names an entry-wise Jacobian quantity (O(L²) work).
+JACOBIAN_MAX_L = 256
+ENTRYWISE = frozenset(name for name, q in QUANTITIES.items() if q.quadratic)
+#: Adversarial kinds of :func:`attnverify.strategies.build_rows` the strata draw (masks are added
+#: by the strata themselves).
+KINDS = tuple(k for k in S.ALL_KINDS if k not in ("fully_masked", "mixed_scale", "masked"))
+
+#: Row lengths (unmasked keys) of the battery, shortest first, up to the longest row allowed.
+LENGTH_GRID = (1, 2, 3, 4, 5, 8, 16, 64, 256, 1024, 4096, 16384, 65536)
+#: ``a/T`` of the battery's rows, in the order tried (a log grid over 1e-3 … 1e2).
+RATIO_GRID = (0.3, 3.0, 0.1, 1.0, 10.0, 0.01, 100.0, 0.001)
+#: ``a/T`` of the battery's masked variants and of its rows at other temperatures.
+MASKED_RATIOS = (0.3, 3.0, 0.01, 100.0)
+TEMPERED_RATIOS = (0.3, 3.0, 0.01)
+#: Temperatures of the battery besides 1 (when the normalizer takes one and it is not fixed).
+TEMPERATURE_GRID = (0.1, 10.0)
+#: Ranges the strata and the polish draw from: log10(a/T) and log10(T).
+LOG_RATIO_RANGE = (-3.5, 2.5)
+LOG_T_RANGE = (-1.5, 1.5)
+#: Shares of the evaluations left: the battery's cap, then the strata's (the polish gets the rest).
+BATTERY_SHARE = 0.45
+STRATA_SHARE = 0.6
+#: Polish: evaluations per start (at least), groups of keys moved together, merit clamp.
+POLISH_MIN_EVALS = 40
+POLISH_GROUPS = 8
+CLAMP = 1e12
+
+
+class FalsifyCase(NamedTuple):
+    scores: torch.Tensor  # [L_padded], float64, -inf = masked
+    temperature: float | None
+    kind: str
+    seed: int
+
+
+@dataclass
+class Evaluation:
+    case: FalsifyCase
+    values: dict[str, float]
+    lhs: float
+    rhs: float
+    ratio: float
+    fails: bool
+    undefined: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "L": int(self.case.scores.shape[-1]),
+            "masked": int((self.case.scores == -math.inf).sum()),
+            "scores": [number(v) for v in self.case.scores.tolist()],
+            "temperature": self.case.temperature,
+            "kind": self.case.kind,
+            "shape": shape_of(self.case.scores),
+            "seed": self.case.seed,
+            "quantities": {k: number(v) for k, v in self.values.items()},
+            "lhs": number(self.lhs),
+            "rhs": number(self.rhs),
+            "ratio": number(self.ratio),
+        }
+
+    def case_json(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The case as ``attnverify repro --inequality`` reads it."""
+        return {"scores": encode_tensor(self.case.scores), "dtype": "float64",
+                "temperature": self.case.temperature, "kind": self.case.kind,
+                "seed": self.case.seed, "params": jsonable(params)}
+
+
+def shape_of(scores: torch.Tensor) -> str:
+    """A plain name for a witness row: "two-way tie", "all tied", or "" (then its kind says)."""
+    live = scores[torch.isfinite(scores)]
+    if live.numel() >= 2:
+        top = live.max()
+        ties = int((live == top).sum())
+        if ties == live.numel():
+            return "all tied" if ties > 2 else "two-way tie"
+        if ties == 2:
+            return "two-way tie"
+    return ""
+
+
+def evaluate(spec, ineq: Inequality, case: FalsifyCase, params) -> Evaluation:
+    """The inequality at one case (the normalizer called once, between heartbeat marks)."""
+    heartbeat.example_started(case)  # the watchdog's clock (no-op outside a worker)
+    try:
+        values = evaluate_quantities(ineq.names, spec, case.scores, case.temperature, params)
+    finally:
+        heartbeat.example_finished()
+    t = tol_for(F64)
+    lhs, rhs, ratio, verdict = ineq.judge(values, rtol=t.rtol, atol=t.atol)
+    if verdict == "undefined":
+        ratio = math.nan  # no value: neither the worst case nor a failure
+    return Evaluation(case, values, lhs, rhs, ratio, verdict == "fails", verdict == "undefined")
+
+
+def merit(ev: Evaluation) -> float:
+    """What the search maximises: LHS/RHS, clamped to ±1e12 (a failure with RHS ≤ 0 is +1e12,
+    a pass there −1e12); an undefined case is −inf."""
+    if ev.undefined or math.isnan(ev.ratio):
+        return -math.inf
+    return max(min(ev.ratio, CLAMP), -CLAMP)
+
+
+# --------------------------------------------------------------------------------------------
+# Budget, strata and the record of the search
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a search may spend: evaluations (binding), seconds (safety net), row length."""
+
+    evaluations: int
+    seconds: float
+    max_length: int
+
+
+@dataclass(frozen=True)
+class Stratum:
+    """Rows with ``lo ≤ L ≤ hi`` unmasked keys, with masked keys or without."""
+
+    lo: int
+    hi: int
+    masked: bool = False
+
+    @property
+    def name(self) -> str:
+        span = f"L={self.lo}" if self.lo == self.hi else f"L={self.lo}-{self.hi}"
+        return span + (" masked" if self.masked else "")
+
+    def holds(self, live: int, masked: bool) -> bool:
+        return self.masked == masked and self.lo <= live <= self.hi
+
+
+def strata(max_length: int) -> list[Stratum]:
+    """The strata of a search whose rows have at most ``max_length`` keys (masked ones included):
+    L = 1, 2, 3, 4–5, 6–8, then bands ×4 wide (9–16, 17–64, …); masked: 1–3, 4–16, 17–256, …"""
+    bands, lo = [(1, 1), (2, 2), (3, 3), (4, 5), (6, 8)], 9
+    while lo <= max_length:
+        bands.append((lo, min(4 * (lo - 1), max_length)))
+        lo = 4 * (lo - 1) + 1
+    out = [Stratum(a, min(b, max_length)) for a, b in bands if a <= max_length]
+    masked, lo = [(1, 3), (4, 16)], 17
+    while lo <= max_length - 1:
+        masked.append((lo, 16 * (lo - 1)))
+        lo = 16 * (lo - 1) + 1
+    out += [Stratum(a, min(b, max_length - 1), True) for a, b in masked if a <= max_length - 1]
+    return out
+
+
+@dataclass
+class StratumRecord:
+    stratum: Stratum
+    evaluations: int = 0
+    best: Evaluation | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stratum": self.stratum.name, "L_min": self.stratum.lo, "L_max": self.stratum.hi,
+                "masked": self.stratum.masked, "evaluations": self.evaluations,
+                "best_ratio": None if self.best is None else number(self.best.ratio)}
+
+
+class _Crossed(BaseException):
+    """A case failed: the search stops (a BaseException, so Hypothesis lets it through)."""
+
+
+class _Spent(BaseException):
+    """The phase (or the whole search) has spent its evaluations or its time."""
+
+
+@dataclass
+class Search:
+    """One search: counts every evaluation, keeps the worst case per stratum and overall, and
+    stops at the first failure (:class:`_Crossed`) or when a cap is reached (:class:`_Spent`)."""
+
+    ctx: Any
+    spec: Any
+    ineq: Inequality
+    params: dict[str, Any]
+    budget: Budget
+    takes_temperature: bool
+    fixed_temperature: float | None
+    start: float = field(default_factory=time.perf_counter)
+    evaluations: int = 0
+    phase: str = ""
+    phase_cap: int = 0
+    by_phase: dict[str, int] = field(default_factory=dict)
+    records: list[StratumRecord] = field(default_factory=list)
+    worst: Evaluation | None = None
+    witness: Evaluation | None = None
+    witness_evaluation: int = 0
+    witness_s: float = 0.0
+    witness_phase: str = ""
+    undefined: int = 0
+    undefined_example: Evaluation | None = None
+    stopped: str = "budget"
+
+    def __post_init__(self) -> None:
+        self.records = [StratumRecord(s) for s in strata(self.budget.max_length)]
+
+    # -- accounting
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def out_of_time(self) -> bool:
+        return self.elapsed() > self.budget.seconds
+
+    def left(self) -> int:
+        return self.budget.evaluations - self.evaluations
+
+    def begin(self, phase: str, share: float | None = None) -> None:
+        """Start ``phase`` with ``share`` of the evaluations left (None: all of them)."""
+        left = self.left()
+        self.phase = phase
+        self.phase_cap = self.evaluations + (left if share is None else int(left * share))
+        self.by_phase.setdefault(phase, 0)
+
+    def phase_left(self) -> int:
+        return self.phase_cap - self.evaluations
+
+    def record_of(self, case: FalsifyCase) -> StratumRecord | None:
+        live = int(torch.isfinite(case.scores).sum())
+        masked = live < case.scores.numel()
+        return next((r for r in self.records if r.stratum.holds(live, masked)), None)
+
+    def evaluate(self, case: FalsifyCase) -> Evaluation:
+        """Evaluate ``case`` (counted); raises :class:`_Crossed` when it fails."""
+        if self.evaluations >= min(self.phase_cap, self.budget.evaluations):
+            raise _Spent()
+        if self.out_of_time():
+            self.stopped = "time"
+            raise _Spent()
+        self.evaluations += 1
+        self.by_phase[self.phase] = self.by_phase.get(self.phase, 0) + 1
+        ev = evaluate(self.spec, self.ineq, case, self.params)
+        record = self.record_of(case)
+        if record is not None:
+            record.evaluations += 1
+            if record.best is None or _key(ev) > _key(record.best):
+                record.best = ev
+        if ev.undefined:
+            self.undefined += 1
+            self.undefined_example = self.undefined_example or ev
+        if self.worst is None or _key(ev) > _key(self.worst):
+            self.worst = ev
+        if ev.fails:
+            self.witness, self.witness_phase = ev, self.phase
+            self.witness_evaluation, self.witness_s = self.evaluations, self.elapsed()
+            self.stopped = "witness"
+            raise _Crossed()
+        return ev
+
+    # -- cases
+
+    def temperatures(self) -> tuple[float | None, ...]:
+        """The battery's temperatures: the fixed one, none, or 1 then the grid."""
+        if not self.takes_temperature:
+            return (None,)
+        if self.fixed_temperature is not None:
+            return (self.fixed_temperature,)
+        return (1.0, *TEMPERATURE_GRID)
+
+    def case(self, unit: torch.Tensor, ratio: float, temperature: float | None, kind: str,
+             pad: int = 0, front: bool = False, seed: int = 0) -> FalsifyCase:
+        """The row ``a·unit`` (``a = ratio·T``) with ``pad`` masked keys at the end (or front)."""
+        row = unit.to(F64) * (ratio * (1.0 if temperature is None else temperature))
+        if pad:
+            mask = torch.full((pad,), NEG_INF, dtype=F64)
+            row = torch.cat([mask, row] if front else [row, mask])
+        return FalsifyCase(row, temperature, kind, seed)
+
+
+def _key(ev: Evaluation) -> float:
+    return -math.inf if math.isnan(ev.ratio) else ev.ratio
+
+
+def max_length_for(ineq: Inequality, max_length: int) -> int:
+    """The longest row a search of ``ineq`` draws (entry-wise Jacobians: at most 256)."""
+    if ineq.names & ENTRYWISE:
+        return min(max_length, JACOBIAN_MAX_L)
+    return max_length
+
+
+# --------------------------------------------------------------------------------------------
+# 1. The battery
+
+
+def unit_rows(length: int) -> list[tuple[str, torch.Tensor]]:
+    """Row shapes with entries in ``[−1, 1]`` and largest ``|entry|`` 1 (the zero row aside):
+    ties, two levels (``k`` keys at ``+1``, the rest at ``−1``, for ``k`` = 1, 2, L/2, L − 1),
+    three levels (a peak over zeros, a dip under zeros, peak/zero/floor, top/middle/bottom)."""
+    n = length
+    out: list[tuple[str, list[float]]] = [("tie", [1.0] * n), ("tie_low", [-1.0] * n)]
+    for k in sorted({1, 2, n // 2, n - 1}):
+        if 1 <= k <= n - 1:
+            out.append((f"two_level_{k}", [1.0] * k + [-1.0] * (n - k)))
+    if n >= 2:
+        out.append(("peak_over_zero", [1.0] + [0.0] * (n - 1)))
+        out.append(("dip_under_zero", [0.0] * (n - 1) + [-1.0]))
+    if n >= 3:
+        out.append(("peak_zero_floor", [1.0, 0.0] + [-1.0] * (n - 2)))
+        out.append(("top_mid_bottom", [1.0] + [0.0] * (n - 2) + [-1.0]))
+    seen, rows = set(), []
+    for name, values in out:
+        if tuple(values) not in seen:
+            seen.add(tuple(values))
+            rows.append((name, torch.tensor(values, dtype=F64)))
+    return rows
+
+
+#: The shapes of the masked and tempered variants (the rest of the battery's shapes are tried at
+#: T = 1 unmasked only).
+VARIANT_SHAPES = ("tie", "two_level_1", "peak_over_zero")
+
+
+#: The scout's order of lengths (alternating short and long rows, from the shortest row whose
+#: two-level shapes differ) and of shapes (single outliers first).
+SCOUT_LENGTHS = (3, 16, 5, 256, 2, 64, 4, 4096, 8, 1024, 1, 16384, 65536)
+SCOUT_SHAPES = ("two_level_1", "two_level_2", "peak_over_zero", "tie", "top_mid_bottom",
+                "two_level_last", "dip_under_zero", "peak_zero_floor", "two_level_half",
+                "tie_low")
+
+
+def _shape(shapes: dict[str, torch.Tensor], name: str, length: int) -> tuple[str, torch.Tensor]:
+    """A scout shape by its generic name (``two_level_last``: L − 1 keys at +1)."""
+    alias = {"two_level_last": f"two_level_{length - 1}", "two_level_half":
+             f"two_level_{length // 2}"}.get(name, name)
+    if alias in shapes:
+        return alias, shapes[alias]
+    return "tie", shapes["tie"]
+
+
+def scout(search: Search) -> Iterator[tuple[tuple, FalsifyCase]]:
+    """A first sweep across the whole battery design: point ``i`` takes the length, ``a/T``,
+    shape, temperature and mask at position ``i`` of their cycles (co-prime lengths), so every
+    (length, a/T) pair is met once, with shapes, temperatures and masks varying between them,
+    before the battery covers each length in full."""
+    temps = search.temperatures()
+    longest = search.budget.max_length
+    lengths = [n for n in SCOUT_LENGTHS if n <= longest]
+    tables = {n: dict(unit_rows(n)) for n in lengths}
+    for i in range(len(lengths) * len(RATIO_GRID)):
+        length = lengths[i % len(lengths)]
+        ratio = RATIO_GRID[i % len(RATIO_GRID)]
+        name, unit = _shape(tables[length], SCOUT_SHAPES[i % len(SCOUT_SHAPES)], length)
+        t = temps[(i // 3) % len(temps)] if i % 3 == 2 else temps[0]
+        pad = min(length, longest - length) if i % 4 == 3 else 0
+        key = (length, name, ratio, t, pad)
+        label = f"battery:{name}" + ("+masked" if pad else "")
+        yield key, search.case(unit, ratio, t, label, pad=pad)
+
+
+def battery(search: Search) -> Iterator[FalsifyCase]:
+    """The battery's cases in the order tried (see the module docstring): the scout, then each
+    length in full (the cases the scout met are not repeated)."""
+    seen = set()
+    for key, case in scout(search):
+        seen.add(key)
+        yield case
+    temps = search.temperatures()
+    base_t, other_t = temps[0], temps[1:]
+    longest = search.budget.max_length
+    for length in (n for n in LENGTH_GRID if n <= longest):
+        shapes = unit_rows(length)
+        yield search.case(torch.zeros(length, dtype=F64), 1.0, base_t, "battery:zero")
+        planned = [(name, unit, ratio, base_t, 0) for ratio in RATIO_GRID for name, unit in shapes]
+        variants = [(n, u) for n, u in shapes
+                    if n in VARIANT_SHAPES or n == f"two_level_{length - 1}"]
+        pad = min(length, longest - length)
+        if pad >= 1:
+            planned += [(name, unit, ratio, base_t, pad) for ratio in MASKED_RATIOS
+                        for name, unit in variants]
+        planned += [(name, unit, ratio, t, 0) for t in other_t for ratio in TEMPERED_RATIOS
+                    for name, unit in variants]
+        for name, unit, ratio, t, p in planned:
+            if (length, name, ratio, t, p) in seen:
+                continue
+            label = f"battery:{name}" + ("+masked" if p else "")
+            yield search.case(unit, ratio, t, label, pad=p)
+        if pad >= 1:
+            yield search.case(shapes[0][1], 1.0, base_t, "battery:tie+masked_front", pad=1,
+                              front=True)
+
+
+def run_battery(search: Search) -> None:
+    for case in battery(search):
+        search.evaluate(case)
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Stratified Hypothesis search
+
+_UNIT = st.one_of(st.sampled_from((1.0, -1.0, 0.0)), st.floats(-1.0, 1.0))
+
+
+def _levels(draw, length: int) -> torch.Tensor:
+    """A row of up to four levels with drawn counts, in blocks or shuffled by a drawn seed."""
+    m = draw(st.integers(1, min(4, length)))
+    values = [draw(_UNIT) for _ in range(m)]
+    counts, left = [], length
+    for j in range(m - 1):
+        c = draw(st.integers(1, left - (m - 1 - j)))
+        counts.append(c)
+        left -= c
+    counts.append(left)
+    row = torch.cat([torch.full((c,), v, dtype=F64) for v, c in zip(values, counts)])
+    if draw(st.booleans()):
+        g = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
+        row = row[torch.randperm(length, generator=g)]
+    return row
+
+
+def _unit(row: torch.Tensor) -> torch.Tensor:
+    top = float(row.abs().max()) if row.numel() else 0.0
+    return row / top if top > 0 and math.isfinite(top) else torch.zeros_like(row)
+
+
+@st.composite
+def stratum_cases(draw, stratum: Stratum, search: Search):
+    """Cases of one stratum: L in its band, ``a/T`` and T log-uniform (shrinking to 1), the row
+    as levels, free values (L ≤ 16) or an adversarial kind, scaled so that max |logit| = a;
+    masked strata add 1 … L masked keys at the end, the front or seeded positions."""
+    longest = search.budget.max_length
+    length = draw(st.integers(stratum.lo, stratum.hi))
+    ratio = 10.0 ** draw(st.floats(*LOG_RATIO_RANGE))
+    t = None
+    if search.takes_temperature:
+        t = search.fixed_temperature or 10.0 ** draw(st.floats(*LOG_T_RANGE))
+    styles = ["levels", "kind"] + (["values"] if length <= 16 else [])
+    style = draw(st.sampled_from(styles))
+    seed = 0
+    if style == "levels":
+        unit = _levels(draw, length)
+    elif style == "values":
+        unit = torch.tensor(draw(st.lists(_UNIT, min_size=length, max_size=length)), dtype=F64)
+    else:
+        kinds = [k for k in KINDS if (k == "single") == (length == 1)]
+        kind = draw(st.sampled_from(kinds))
+        seed = draw(st.integers(0, 2**32 - 1))
+        unit = S.build_rows(kind, length=length, batch=1, dtype=F64, seed=seed).scores[0]
+        style = f"kind:{kind}"
+    row = _unit(unit) * (ratio * (1.0 if t is None else t))
+    if stratum.masked:
+        pad = draw(st.integers(1, max(1, min(length, longest - length))))
+        where = draw(st.sampled_from(("end", "front", "seeded")))
+        full = torch.full((length + pad,), NEG_INF, dtype=F64)
+        if where == "end":
+            full[:length] = row
+        elif where == "front":
+            full[pad:] = row
+        else:
+            g = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
+            full[torch.randperm(length + pad, generator=g)[:length].sort().values] = row
+        row = full
+    return FalsifyCase(row, t, f"strata:{style}", seed)
+
+
+def run_strata(search: Search, seed: int, key: str) -> None:
+    """One seeded Hypothesis run per stratum, each with its share of the phase's evaluations and
+    its own ``hypothesis.target`` label (generate, then hill-climb on the label)."""
+    records = list(search.records)
+    for i, record in enumerate(records):
+        share = search.phase_left() // (len(records) - i)
+        if share < 1:
+            break
+        label = record.stratum.name
+        probe = _probe(search, label, search.evaluations + share)
+        test = given(stratum_cases(record.stratum, search))(probe)
+        run_hypothesis(test, ctx=search.ctx, seed=_stratum_seed(seed, label),
+                       max_examples=share, key=f"{key}|{label}")
+
+
+def _probe(search: Search, label: str, cap: int):
+    """The test body of one stratum: evaluate, and target the merit under the stratum's label."""
+
+    def probe(case: FalsifyCase) -> None:
+        if search.evaluations >= cap:
+            return  # this stratum's share is spent; Hypothesis winds down
+        score = merit(search.evaluate(case))
+        if math.isfinite(score):
+            hypothesis.target(score, label=label)
+
+    return probe
+
+
+def _stratum_seed(seed: int, label: str) -> int:
+    digest = hashlib.sha256(f"{seed}|{label}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+#: The Hypothesis settings of the strata: the run's profile (:func:`hypothesis_settings`).
+#: Phase.reuse replays what an example database holds (none unless the settings give one).
+STRATA_PHASES = (Phase.reuse, Phase.generate, Phase.target)
+
+
+def run_hypothesis(test, *, ctx, seed: int, max_examples: int, key: str) -> None:
+    """Run one stratum's Hypothesis test under the profile's settings, seeded, with a database
+    key of its own (the digest of the target, the inequality and the stratum), so that an
+    example database in the settings keeps each stratum's best cases apart."""
+    test = hypothesis.seed(seed)(test)
+    settings = hypothesis_settings(ctx, max_examples=max(1, max_examples), phases=STRATA_PHASES)
+    wrapped = settings(test)
+    wrapped._hypothesis_internal_database_key = hashlib.sha256(key.encode()).digest()
+    wrapped()
+
+
+# --------------------------------------------------------------------------------------------
+# 3. Numeric polish
+
+
+class _Polish:
+    """The continuous parameters of one case at fixed L and mask: the value of each group of
+    keys (tied keys, or eight quantile groups when there are more distinct values), the row's
+    scale (log10) and the temperature (log10) where it is free."""
+
+    def __init__(self, case: FalsifyCase, free_temperature: bool) -> None:
+        self.case = case
+        self.live = torch.isfinite(case.scores)
+        values = case.scores[self.live]
+        self.values = values
+        self.t0 = case.temperature
+        self.free_t = free_temperature and case.temperature is not None
+        distinct, inverse = torch.unique(values, return_inverse=True)
+        if len(distinct) <= POLISH_GROUPS:
+            self.mode, self.groups, self.base = "levels", inverse, distinct
+        else:
+            order = torch.argsort(values)
+            groups = torch.empty_like(order)
+            groups[order] = torch.arange(len(values)) * POLISH_GROUPS // len(values)
+            self.mode, self.groups, self.base = "offsets", groups, None
+        self.scale0 = max(float(values.abs().max()), 1e-12)
+        n = len(distinct) if self.mode == "levels" else POLISH_GROUPS
+        self.n = n
+
+    def start(self) -> tuple[list[float], list[tuple[float, float]]]:
+        if self.mode == "levels":
+            x = [float(v) / self.scale0 for v in self.base]
+        else:
+            x = [0.0] * self.n
+        bounds = [(-1.0, 1.0)] * self.n
+        x.append(0.0)  # log10 of the scale factor
+        bounds.append((-1.0, 1.0))
+        if self.free_t:
+            x.append(math.log10(self.t0))
+            bounds.append(LOG_T_RANGE)
+        return x, bounds
+
+    def build(self, x) -> FalsifyCase:
+        x = [float(v) for v in x]
+        factor = 10.0 ** x[self.n]
+        shape = torch.tensor(x[:self.n], dtype=F64)
+        if self.mode == "levels":
+            live = shape[self.groups] * (self.scale0 * factor)
+        else:
+            live = (self.values + shape[self.groups] * self.scale0) * factor
+        t = self.t0
+        if self.free_t:
+            t = 10.0 ** x[self.n + 1]
+        row = self.case.scores.clone()
+        row[self.live] = live
+        return FalsifyCase(row, t, "polish", self.case.seed)
+
+
+def polish_starts(search: Search) -> list[Evaluation]:
+    """The best case of every stratum that has one with a finite ratio, best first."""
+    starts = [r.best for r in search.records
+              if r.best is not None and math.isfinite(merit(r.best)) and not r.best.fails]
+    return sorted(starts, key=lambda ev: -merit(ev))
+
+
+def run_polish(search: Search) -> None:
+    from scipy.optimize import minimize
+
+    starts = polish_starts(search)
+    for i, start in enumerate(starts):
+        left = search.phase_left()
+        if left < 2:
+            return
+        share = max(POLISH_MIN_EVALS, left // (len(starts) - i))
+        cap = search.evaluations + min(share, left)
+        shape = _Polish(start.case, search.takes_temperature and search.fixed_temperature is None)
+        x0, bounds = shape.start()
+
+        def objective(x, shape=shape, cap=cap) -> float:
+            if search.evaluations >= cap:
+                raise _Spent()
+            score = merit(search.evaluate(shape.build(x)))
+            return -score if math.isfinite(score) else CLAMP
+
+        simplex = _simplex(x0, bounds)
+        try:
+            minimize(objective, x0, method="Nelder-Mead", bounds=bounds,
+                     options={"maxfev": cap - search.evaluations, "initial_simplex": simplex,
+                              "xatol": 1e-9, "fatol": 1e-12, "adaptive": len(x0) > 4})
+        except _Spent:
+            if search.evaluations >= search.phase_cap or search.out_of_time():
+                raise
+            continue
+
+
+def _simplex(x0: list[float], bounds) -> list[list[float]]:
+    """A start simplex of steps 0.25 per coordinate, pointing into the box."""
+    out = [list(x0)]
+    for i, (lo, hi) in enumerate(bounds):
+        x = list(x0)
+        step = 0.25 * (hi - lo) / 2
+        x[i] = x[i] + step if x[i] + step <= hi else x[i] - step
+        out.append(x)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Shrinking
+
+
+class _ShrinkCase(NamedTuple):
+    scores: torch.Tensor  # [1, L]: the shape checks.shrink works on
+    temperature: float | None
+
+
+def shrink_witness(search: Search, witness: Evaluation,
+                   vary_temperature: bool) -> tuple[Evaluation, int]:
+    """The smallest failing case the greedy shrinker finds from ``witness`` (fewest keys, then
+    simplest values, then T = 1), and the evaluations it spent."""
+    from attnverify.checks.base import Violation
+    from attnverify.checks.shrink import shrink
+
+    last = {"ev": witness, "n": 0}
+
+    def recheck(candidate: _ShrinkCase) -> None:
+        case = FalsifyCase(candidate.scores[0], candidate.temperature, witness.case.kind,
+                           witness.case.seed)
+        last["n"] += 1
+        ev = evaluate(search.spec, search.ineq, case, search.params)
+        if ev.fails:
+            last["ev"] = ev
+            raise Violation("fails", observed=ev.lhs, bound=ev.rhs, ratio=ev.ratio)
+
+    start = _ShrinkCase(witness.case.scores.reshape(1, -1), witness.case.temperature)
+    first = Violation("fails", observed=witness.lhs, bound=witness.rhs, ratio=witness.ratio)
+    case, _ = shrink(recheck, start, first, vary_temperature=vary_temperature)
+    ev = last["ev"]
+    if not torch.equal(ev.case.scores, case.scores[0]) or ev.case.temperature != case.temperature:
+        # the last failing re-check was not the case kept: evaluate the kept one again
+        ev = evaluate(search.spec, search.ineq,
+                      FalsifyCase(case.scores[0], case.temperature, witness.case.kind,
+                                  witness.case.seed), search.params)
+        last["n"] += 1
+        if not ev.fails:  # cannot happen for a deterministic target; keep the original
+            ev = witness
+    return ev, last["n"]

@@ -1,0 +1,97 @@
+"""``attnverify falsify`` on the command line (issue #18): the budget options, the report of how
+hard the search looked (console table and JSON), and the repro of the shrunk witness."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from attnverify.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--budget", "0"], "--budget: must be a positive number of seconds"),
+    (["--budget", "-3"], "--budget: must be a positive number of seconds"),
+    (["--budget", "nan"], "--budget: must be a positive number of seconds"),
+    (["--budget", "inf"], "--budget: must be a positive number of seconds"),
+    (["--budget", "soon"], "--budget: expects a number of seconds, got 'soon'"),
+    (["--budget", "1e9"], "up to 86400"),
+    (["--max-length", "0"], "--max-length: must be between 1 and 1048576, got 0"),
+    (["--max-length", "2000000"], "--max-length: must be between 1 and 1048576"),
+    (["--max-length", "8.5"], "--max-length: expects an integer, got '8.5'"),
+    (["--max-length", "١٢"], "--max-length: expects an integer"),
+    (["--max-examples", "0"], "--max-examples"),
+])
+def test_bad_budget_options_are_exit_2_one_line(capsys, argv, fragment):
+    code, out, err = run(capsys, "falsify", "softmax", "max_weight <= 1", *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("attnverify: error:") and err.count("\n") == 1, err
+    assert fragment in err and "Traceback" not in err
+
+
+def test_the_report_says_how_hard_the_search_looked(capsys, tmp_path):
+    path = tmp_path / "f.json"
+    code, out, _ = run(capsys, "falsify", "softmax", "max_weight <= exp(2*a/T)/L", "--profile",
+                       "dev", "--max-examples", "150", "--max-length", "32", "--budget", "500",
+                       "--no-isolation", "--json", str(path))
+    assert code == 0, out
+    assert out.startswith("not falsified") and "(150 evaluations" in out
+    assert "search: 150 of 150 evaluations (battery " in out and "evaluations spent" in out
+    assert "stratum" in out and "best ratio" in out and "  L=3 " in out
+    data = json.loads(path.read_text())
+    search = data["search"]
+    assert data["examples"] == search["evaluations"] == 150
+    assert search["budget"] == {"evaluations": 150, "seconds": 500.0, "max_length": 32}
+    assert sum(search["phases"].values()) == 150 and search["stopped"] == "budget"
+    strata = {s["stratum"]: s for s in search["strata"]}
+    assert {"L=1", "L=2", "L=3", "L=4-5", "L=6-8", "L=9-32", "L=1-3 masked"} <= set(strata)
+    assert sum(s["evaluations"] for s in strata.values()) == 150
+    assert all(s["L_max"] <= 32 for s in strata.values())
+    assert strata["L=3"]["best_ratio"] <= 1
+    assert search["first_witness"] is None
+    assert "--max-examples 150 --budget 500 --max-length 32" in data["rerun"]
+
+
+def test_a_falsified_bound_reports_where_the_witness_was_met_and_its_repro_fails(capsys,
+                                                                                 tmp_path):
+    path = tmp_path / "f.json"
+    code, out, _ = run(capsys, "falsify", "sparsemax", "max_weight <= 1/L + a/T", "--profile",
+                       "ci", "--no-isolation", "--json", str(path))
+    assert code == 1, out
+    assert "minimal witness: L=3" in out and "first met by the battery at evaluation" in out
+    assert "stopped at the first witness" in out
+    data = json.loads(path.read_text())
+    first = data["search"]["first_witness"]
+    assert first["phase"] == "battery" and first["evaluation"] == data["examples"]
+    assert data["witness"]["L"] == 3 and data["search"]["shrink_evaluations"] > 0
+    assert data["worst_ratio"] >= data["witness"]["ratio"]
+    argv = shlex.split(data["repro"])
+    assert argv[:2] == ["attnverify", "repro"]
+    code, out, _ = run(capsys, *argv[1:])
+    assert code == 1 and out.startswith("FALSIFIED: sparsemax")
+
+
+def test_the_contract_states_the_budgets_strata_and_functions_the_code_has():
+    from pathlib import Path
+
+    from attnverify import expr
+    from attnverify.falsify_search import strata
+    from attnverify.runconfig import FALSIFY_BUDGETS
+
+    text = " ".join((Path(__file__).parents[1] / "docs" / "INTERFACES.md").read_text().split())
+    evaluations = ", ".join(f"{k} {v['evaluations']:g}" for k, v in FALSIFY_BUDGETS.items())
+    seconds = ", ".join(f"{k} {v['seconds']:g}" for k, v in FALSIFY_BUDGETS.items())
+    assert f"Default per profile: {evaluations}." in text
+    assert f"(default {seconds}:" in text
+    assert f"`{' '.join(expr.FUNCTIONS)}`" in text
+    assert f"the constants `{'` and `'.join(expr.CONSTANTS)}`" in text
+    bands = [s.name.removeprefix("L=").replace("-", "–") for s in strata(4096) if not s.masked]
+    assert f"(L = {', '.join(bands[:7])}, …" in text

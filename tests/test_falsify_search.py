@@ -1,0 +1,279 @@
+"""falsify's search (issue #18): each mechanism on a hand-computed case.
+
+- the battery's design (lengths, a/T grid, temperatures, masks, two- and three-level rows, ties,
+  one-hot-like rows), for any normalizer;
+- the loosened Lemma 1 (``max_weight <= exp(a/T)/L``): false from three keys on, found and shrunk
+  to three keys; the regression that lost it, at the old budget;
+- a bound tight on a whole family of rows is never falsified;
+- the strata: one Hypothesis target label each, and on their own they find a witness that needs
+  three keys;
+- the polish climbs to a violation that lies between the battery's grid points;
+- the budget binds, the same seed gives the same search, the time cap stops it.
+
+Every search is seeded (falsify seeds Hypothesis with ``ctx.seed``) and small.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import hypothesis
+import pytest
+import torch
+
+from attnverify import falsify_search as FS
+from attnverify.certify import make_context
+from attnverify.expr import parse_inequality
+from attnverify.falsify import FalsifyCase, evaluate, falsify, make_search
+from attnverify.registry import load_target, normalizer_spec
+
+F64 = torch.float64
+CI = make_context("ci", seed=0)
+LEMMA1_LOOSENED = "max_weight <= exp(a/T)/L"
+
+
+def budget(ctx, evaluations: int, **changes):
+    return dataclasses.replace(ctx, falsify_evaluations=evaluations, **changes)
+
+
+def softmax_row(values: list[float]) -> list[float]:
+    """Softmax by hand (math only)."""
+    top = max(values)
+    e = [math.exp(v - top) for v in values]
+    return [x / sum(e) for x in e]
+
+
+def live(case: FalsifyCase) -> torch.Tensor:
+    return case.scores[torch.isfinite(case.scores)]
+
+
+# --------------------------------------------------------------------------------------------
+# The battery
+
+
+def test_battery_covers_the_extremal_design():
+    search = make_search(load_target("softmax"), parse_inequality("max_weight <= 1"), CI)
+    cases = list(FS.battery(search))
+    lengths = {int(torch.isfinite(c.scores).sum()) for c in cases}
+    assert {1, 2, 3, 4, 5, 8, 16, 64, 256, 1024, 4096} <= lengths
+    assert max(c.scores.numel() for c in cases) <= CI.max_length
+    ratios = {round(float(live(c).abs().max()) / c.temperature, 9) for c in cases}
+    assert min(ratios - {0.0}) <= 1e-3 and max(ratios) >= 1e2  # a/T across 1e-3 … 1e2
+    temps = {c.temperature for c in cases}
+    assert {1.0} < temps and min(temps) < 1 < max(temps)
+    masked = [c for c in cases if not bool(torch.isfinite(c.scores).all())]
+    assert {int(torch.isfinite(c.scores).sum()) for c in masked} >= {1, 2, 3, 64, 1024}
+    levels = {len(set(live(c).tolist())) for c in cases}
+    assert {1, 2, 3} <= levels  # ties, two levels, three levels
+    # one-hot-like: one key at +a above L - 1 keys at -a, at a/T = 100 (a margin of 200 T)
+    assert any(live(c).tolist() == [100.0] + [-100.0] * 7 for c in cases)
+    # three keys, one at +a and two at -a (the loosened Lemma 1's witness), at small a/T
+    assert any(live(c).tolist() == [0.001, -0.001, -0.001] for c in cases)
+
+
+def test_the_battery_is_the_same_for_any_normalizer_and_keeps_a_fixed_temperature():
+    spec = normalizer_spec(lambda scores, dim=-1: torch.softmax(scores, dim), id="plain")
+    assert not spec.takes_temperature
+    ctx = dataclasses.replace(CI, max_length=64)
+    plain = list(FS.battery(make_search(spec, parse_inequality("max_weight <= 1"), ctx)))
+    assert {c.temperature for c in plain} == {None}
+    fixed = dataclasses.replace(ctx, temperature=0.5)
+    tempered = list(FS.battery(make_search(load_target("softmax"),
+                                           parse_inequality("max_weight <= 1"), fixed)))
+    assert {c.temperature for c in tempered} == {0.5}
+    # the same rows in units of T: a/T is what the grid fixes
+    assert [c.scores.tolist() for c in plain] == [(c.scores / 0.5).tolist() for c in tempered]
+
+
+def test_entrywise_jacobian_quantities_keep_rows_short():
+    search = make_search(load_target("softmax"), parse_inequality("jacobian_entry <= 1"), CI)
+    assert search.budget.max_length == FS.JACOBIAN_MAX_L
+    assert max(c.scores.numel() for c in FS.battery(search)) <= FS.JACOBIAN_MAX_L
+    assert max(s.hi for s in FS.strata(search.budget.max_length)) <= FS.JACOBIAN_MAX_L
+
+
+# --------------------------------------------------------------------------------------------
+# The loosened Lemma 1: a three-key witness
+
+
+def test_loosened_lemma1_holds_on_two_keys_and_fails_on_three_by_hand():
+    spec, ineq = load_target("softmax"), parse_inequality(LEMMA1_LOOSENED)
+    for x in (1e-3, 0.1, 0.3, 1.0, 3.0):
+        # L = 2: 2·max = 1 + tanh x <= 1 + x <= e^x
+        two = evaluate(spec, ineq, FalsifyCase(torch.tensor([x, -x], dtype=F64), 1.0, "", 0), {})
+        assert not two.fails and two.lhs == pytest.approx(softmax_row([x, -x])[0], rel=1e-12)
+    # L = 3, (x, -x, -x): 3·max = 3/(1 + 2e^{-2x}) > e^x for 0 < x < ln 2
+    x = 0.3
+    three = evaluate(spec, ineq, FalsifyCase(torch.tensor([x, -x, -x], dtype=F64), 1.0, "", 0), {})
+    assert three.fails
+    assert three.lhs == pytest.approx(1 / (1 + 2 * math.exp(-2 * x)), rel=1e-12)
+    assert three.rhs == pytest.approx(math.exp(x) / 3, rel=1e-12)
+
+
+def test_loosened_lemma1_is_found_and_shrunk_to_three_keys():
+    res = falsify(load_target("softmax"), LEMMA1_LOOSENED, CI)
+    assert res.falsified
+    w = res.witness
+    scores = w.case.scores.tolist()
+    assert len(scores) == 3 and all(math.isfinite(v) for v in scores)
+    # the witness, re-computed by hand
+    t = w.case.temperature
+    a = max(abs(v) for v in scores)
+    assert w.lhs == pytest.approx(max(softmax_row([v / t for v in scores])), rel=1e-12)
+    assert w.rhs == pytest.approx(math.exp(a / t) / 3, rel=1e-12)
+    assert w.lhs > w.rhs
+    first = res.search.first_witness
+    assert int(torch.isfinite(first.case.scores).sum()) >= 3
+    assert res.search.stopped == "witness" and res.search.first_witness_phase == "battery"
+
+
+@pytest.mark.parametrize("target, text, keys", [
+    ("softmax", LEMMA1_LOOSENED, 3),  # the issue's report: "not falsified … (L=1)"
+    ("sparsemax", "max_weight <= 1/L + a/T", 3),  # the loosened sparsemax bound of the issue
+    ("entmax15", "max_weight <= (1/sqrt(L) + a/(2*T))**2", 3),
+    ("softmax", "max_weight <= exp(1.5*a/T)/L", 5),  # false only from L = 5 on
+    ("ssmax", "max_weight <= exp(2*a/T)/L", 12),  # false only on long rows
+])
+def test_regression_bounds_false_from_several_keys_are_found_at_the_old_budget(target, text,
+                                                                               keys):
+    # the search that lost these spent 75 cases (50 examples + 25 explicit rows) and reported
+    # "not falsified" with its worst ratio at L = 1; the same budget must now find them
+    res = falsify(load_target(target), text, budget(CI, 75))
+    assert res.falsified, f"{target}: {text}: worst {res.worst.to_json()}"
+    assert res.examples <= 75
+    assert int(torch.isfinite(res.witness.case.scores).sum()) >= keys
+
+
+# --------------------------------------------------------------------------------------------
+# A tight true bound
+
+
+def test_a_bound_tight_on_a_whole_family_is_never_falsified():
+    # sparsemax with full support: p_max = 1/L + l_max - mean(l), so on every row (x, -x, …, -x)
+    # with full support the bound holds with equality: (0.2, -0.2, -0.2) -> (0.6, 0.2, 0.2)
+    text = "max_weight <= 1/L + 2*(a/T)*(1 - 1/L)"
+    spec = load_target("sparsemax")
+    tight = evaluate(spec, parse_inequality(text),
+                     FalsifyCase(torch.tensor([0.2, -0.2, -0.2], dtype=F64), 1.0, "", 0), {})
+    assert tight.lhs == pytest.approx(0.6, rel=1e-12) and tight.rhs == pytest.approx(0.6)
+    assert not tight.fails
+    res = falsify(spec, text, budget(CI, 600))
+    assert not res.falsified, res.witness.to_json()
+    assert res.worst.ratio == pytest.approx(1.0, abs=1e-12)  # the search sat on equality
+    assert res.examples == 600 and res.search.stopped == "budget"
+
+
+# --------------------------------------------------------------------------------------------
+# Strata
+
+
+def test_each_stratum_is_searched_under_its_own_target_label(monkeypatch):
+    labels = []
+    real = hypothesis.target
+
+    def spy(observation, *, label=""):
+        labels.append(label)
+        return real(observation, label=label)
+
+    monkeypatch.setattr(hypothesis, "target", spy)
+    search = make_search(load_target("softmax"), parse_inequality("max_weight <= exp(2*a/T)/L"),
+                         budget(CI, 14 * 8))
+    search.begin("strata")
+    FS.run_strata(search, 0, "test")
+    names = [r.stratum.name for r in search.records]
+    assert len(names) == 14 and set(labels) == set(names)
+    for record in search.records:
+        assert record.evaluations == 8, record.stratum.name
+        assert record.best is not None and record.stratum.holds(
+            int(torch.isfinite(record.best.case.scores).sum()),
+            not bool(torch.isfinite(record.best.case.scores).all()))
+
+
+def test_the_strata_alone_find_a_witness_that_needs_three_keys():
+    search = make_search(load_target("softmax"), parse_inequality(LEMMA1_LOOSENED),
+                         budget(CI, 400))
+    search.begin("strata")
+    with pytest.raises(FS._Crossed):
+        FS.run_strata(search, 0, "test")
+    assert int(torch.isfinite(search.witness.case.scores).sum()) >= 3
+    assert search.witness.case.kind.startswith("strata:")
+
+
+# --------------------------------------------------------------------------------------------
+# Polish
+
+#: False only at L = 3 and a/T within 0.011 of ln(2)/2: 3/(e^x + 2e^{-x}) peaks at
+#: 3/(2√2) = 1.060660 there, above 1.0606; for L != 3 the (L - 3)² term keeps it true.
+NARROW = "max_weight*L <= 1.0606*exp(a/T) + (L - 3)**2"
+
+
+def test_the_polish_climbs_to_a_violation_between_grid_points():
+    spec, ineq = load_target("softmax"), parse_inequality(NARROW)
+    peak = math.log(2) / 2
+    assert 3 / (math.exp(peak) + 2 * math.exp(-peak)) == pytest.approx(3 / (2 * math.sqrt(2)))
+    for x in FS.RATIO_GRID:  # every grid point of the battery holds (hand: f(x) < 1.0606)
+        assert 3 / (math.exp(x) + 2 * math.exp(-x)) < 1.0606
+        row = torch.tensor([x, -x, -x], dtype=F64)
+        assert not evaluate(spec, ineq, FalsifyCase(row, 1.0, "", 0), {}).fails
+    search = make_search(spec, ineq, budget(CI, 200))
+    search.begin("battery")
+    search.evaluate(FalsifyCase(torch.tensor([0.3, -0.3, -0.3], dtype=F64), 1.0, "start", 0))
+    search.begin("polish")
+    with pytest.raises(FS._Crossed):
+        FS.run_polish(search)
+    w = search.witness
+    ratio = float(live(w.case).abs().max()) / w.case.temperature
+    # f(x) ≈ f*(1 - (x - x*)²/2) near the peak: f > 1.0606 only for |x - x*| < √(2(1 - 1.0606/f*))
+    window = math.sqrt(2 * (1 - 1.0606 * 2 * math.sqrt(2) / 3))
+    assert abs(ratio - peak) < window and w.case.scores.numel() == 3
+    assert search.by_phase["polish"] < 200
+
+
+def test_falsify_finds_the_narrow_violation_after_the_battery_misses_it():
+    res = falsify(load_target("softmax"), NARROW, CI)
+    assert res.falsified and res.search.first_witness_phase in ("strata", "polish")
+    assert res.search.by_phase["battery"] > 0 and res.witness.case.scores.numel() == 3
+
+
+# --------------------------------------------------------------------------------------------
+# Budget, determinism, time cap, longest row
+
+
+def test_the_budget_binds_and_the_same_seed_gives_the_same_search():
+    ctx = budget(CI, 300, max_length=64)
+    spec = load_target("softmax")
+    one = falsify(spec, "max_weight <= exp(2*a/T)/L", ctx)
+    two = falsify(spec, "max_weight <= exp(2*a/T)/L", ctx)
+    assert one.examples == two.examples == sum(one.search.by_phase.values()) == 300
+    assert set(one.search.by_phase) == {"battery", "strata", "polish"}
+    assert [r.to_json() for r in one.search.strata] == [r.to_json() for r in two.search.strata]
+    assert torch.equal(one.worst.case.scores, two.worst.case.scores)
+    assert max(r.stratum.hi for r in one.search.strata) <= 64
+    other = falsify(spec, "max_weight <= exp(2*a/T)/L", dataclasses.replace(ctx, seed=1))
+    assert other.examples == 300  # another seed: another Hypothesis draw, same budget
+
+
+def test_the_time_cap_stops_the_search():
+    ctx = dataclasses.replace(CI, budget_s=1e-6)
+    res = falsify(load_target("softmax"), "max_weight <= 1", ctx)
+    assert not res.falsified and res.search.stopped == "time" and res.examples <= 1
+
+
+def test_a_witness_found_under_a_fixed_temperature_keeps_it():
+    res = falsify(load_target("softmax"), LEMMA1_LOOSENED, CI, params={"temperature": 0.25})
+    assert res.falsified and res.witness.case.temperature == 0.25
+    assert all(ev.case.temperature == 0.25 for ev in (res.worst, res.search.first_witness))
+
+
+def test_shrinking_keeps_one_digit_values_as_written():
+    # 0.3/0.1 is 2.9999999999999996 in floating point: truncating it made 0.3 "shrink" to 0.2
+    # and turned the two-level witness (0.3, -0.3, -0.3) into (0.2, -0.3, -0.3)
+    from attnverify.checks.shrink import _one_digit, _simpler
+
+    assert _one_digit(0.3) == 0.3 and _simpler(0.3) == [0.0]
+    assert _one_digit(0.35) == 0.3 and _one_digit(-0.0999) == -0.09 and _one_digit(123.4) == 100
+    res = falsify(load_target("softmax"), LEMMA1_LOOSENED, CI)
+    scores = res.witness.case.scores.tolist()
+    a = max(abs(v) for v in scores)
+    assert sorted(scores) == [-a, -a, a]  # one key at +a, two at -a
