@@ -108,8 +108,10 @@ class NormalizerError(Exception):
         self.input = input if type(input) is torch.Tensor else None  # not inside transforms
 
 
-def call(spec: NormalizerSpec, scores: torch.Tensor, temperature: float | None = None, **kw):
-    """Call the normalizer with its parameters, adding ``temperature`` only where it applies.
+def call(spec: NormalizerSpec, scores: torch.Tensor, temperature: float | None = None, *,
+         dim: int = -1, **kw):
+    """Call the normalizer along ``dim`` with its parameters, adding ``temperature`` only where
+    it applies.
 
     Whatever the normalizer raises comes back as :class:`NormalizerError` (carrying the scores it
     was given as ``input``), so that a fault of the normalizer is told apart from a fault of the
@@ -118,7 +120,7 @@ def call(spec: NormalizerSpec, scores: torch.Tensor, temperature: float | None =
     if temperature is not None and spec.takes_temperature:
         kw["temperature"] = temperature
     try:
-        return spec(scores, dim=-1, **kw)
+        return spec(scores, dim=dim, **kw)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - SystemExit, GeneratorExit, … fail the property

@@ -1,6 +1,8 @@
 """Checks every normalizer must pass (docs/INTERFACES.md, "Universal"), and the claimable ones about
 the output space and invariances. Each takes ``(spec, case, ctx)`` where ``case.scores`` is a
-``[batch, L]`` tensor (``-inf`` = masked) and ``case.temperature`` a float or ``None``.
+``[batch, L]`` tensor of rows (``-inf`` = masked), ``case.layout`` how the normalizer is given them
+(:mod:`attnverify.checks.layout`) and ``case.temperature`` a float or ``None``. An input a check
+derives from the case (keys masked, a row alone, …) is given in the case's layout too.
 """
 
 from __future__ import annotations
@@ -11,20 +13,36 @@ import torch
 
 from attnverify.checks.base import (
     Violation,
+    _diff_allowed,
     as_float64,
-    call,
     close_mask,
     describe_dtype,
     mismatch_message,
     sum_tolerance,
 )
+from attnverify.checks.layout import (
+    call_view,
+    case_weights,
+    given,
+    layout_of,
+    read,
+    weights,
+    where,
+)
+from attnverify.strategies.layouts import collect, plain, present
 from attnverify.tolerances import tol_for
 
 NEG_INF = float("-inf")
+#: Rows of a large batch that :func:`verify_batch_independent` computes alone: all of a batch of
+#: at most this many, else the first, the last, those around chunk boundaries and a few more.
+ALONE_ROWS = 8
+#: Chunk sizes whose boundaries (and the rows either side) are among the rows computed alone.
+CHUNKS = (64, 128, 1024)
 
 
 def _out(spec, case, scores=None):
-    return call(spec, case.scores if scores is None else scores, case.temperature)
+    """The ``[R, L]`` weights of ``scores`` (default the case's) in the case's layout."""
+    return case_weights(spec, case, scores)
 
 
 def _live_rows(scores: torch.Tensor) -> torch.Tensor:
@@ -33,54 +51,64 @@ def _live_rows(scores: torch.Tensor) -> torch.Tensor:
 
 
 def check_shape(spec, case, ctx) -> float:
-    out = _out(spec, case)
+    layout = layout_of(case)
+    x, out = given(spec, case.scores, case.temperature, layout)
     if not isinstance(out, torch.Tensor):
-        raise Violation(f"returned {type(out).__name__}, not a tensor", observed=1, bound=0,
-                        ratio=math.inf)
-    if out.shape != case.scores.shape or out.dtype != case.scores.dtype:
+        raise Violation(f"returned {type(out).__name__}, not a tensor{where(layout)}",
+                        observed=1, bound=0, ratio=math.inf)
+    if out.shape != x.shape or out.dtype != x.dtype:
         raise Violation(
             f"out.shape={tuple(out.shape)} dtype={describe_dtype(out.dtype)}, but should be "
-            f"{tuple(case.scores.shape)} {describe_dtype(case.scores.dtype)}",
-            observed=out.numel(), bound=case.scores.numel(), ratio=math.inf,
+            f"{tuple(x.shape)} {describe_dtype(x.dtype)}{where(layout)}",
+            observed=out.numel(), bound=x.numel(), ratio=math.inf,
         )
-    if out.device != case.scores.device:
-        raise Violation(f"output on {out.device}, input on {case.scores.device}",
+    if out.device != x.device:
+        raise Violation(f"output on {out.device}, input on {x.device}",
                         observed=1, bound=0, ratio=math.inf)
     return 0.0
 
 
 def check_finite(spec, case, ctx) -> float:
-    out = _out(spec, case)
+    layout = layout_of(case)
+    out = given(spec, case.scores, case.temperature, layout)[1]
+    read(out, layout)  # a tensor of the input's shape
     bad = ~torch.isfinite(out)
     if bool(bad.any()):
         n = int(bad.sum())
         raise Violation(
             f"{n} / {out.numel()} weights are not finite (e.g. {float(out[bad][0])}) for finite "
-            f"scores with max |score| = {float(case.scores.abs().max()):.3g}",
+            f"scores with max |score| = {float(case.scores.abs().max()):.3g}{where(layout)}",
             observed=n, bound=0, ratio=math.inf,
         )
     return 0.0
 
 
 def check_deterministic(spec, case, ctx) -> float:
-    first = _out(spec, case)
-    again = _out(spec, case, case.scores.clone())
+    layout = layout_of(case)
+    first = given(spec, case.scores, case.temperature, layout)[1]
+    again = given(spec, case.scores.clone(), case.temperature, layout)[1]
+    read(first, layout), read(again, layout)
     if not torch.equal(first.nan_to_num(), again.nan_to_num()):
         diff = float((as_float64(first) - as_float64(again)).abs().nan_to_num(math.inf).max())
         raise Violation(
-            f"two calls on equal inputs differ by up to {diff:.3g} (bitwise equality expected)",
-            observed=diff, bound=0, ratio=math.inf,
+            f"two calls on equal inputs differ by up to {diff:.3g} (bitwise equality expected)"
+            f"{where(layout)}", observed=diff, bound=0, ratio=math.inf,
         )
     return 0.0
 
 
 def check_no_mutation(spec, case, ctx) -> float:
-    scores = case.scores.clone()
-    before = scores.clone()
-    _out(spec, case, scores)
-    if not torch.equal(scores.nan_to_num(), before.nan_to_num()):
-        changed = int((scores != before).sum())
-        raise Violation(f"the input tensor was modified in place ({changed} entries changed)",
+    """The normalizer leaves its input unchanged: the entries of the view and those of the
+    buffer around it (a slice's gaps, an offset's lead)."""
+    layout = layout_of(case)
+    x = present(case.scores.clone(), layout)
+    memory = torch.as_strided(x, (layout.span,), (1,), 0)
+    before = memory.clone()
+    call_view(spec, x, case.temperature, layout)
+    if not torch.equal(memory.nan_to_num(), before.nan_to_num()):
+        changed = int((memory != before).sum())
+        raise Violation(f"the input tensor was modified in place ({changed} entries of its "
+                        f"storage changed){where(layout)}",
                         observed=changed, bound=0, ratio=math.inf)
     return 0.0
 
@@ -116,7 +144,8 @@ def check_mask_zero(spec, case, ctx) -> float:
 
 def verify_mask_zero(spec, case, ctx) -> float:
     """Every masked key of a row with a live key gets weight exactly 0, and the live keys get the
-    weights of the row without the masked keys."""
+    weights of the row without the masked keys (rows with as many live keys go together, in the
+    case's layout)."""
     scores = case.scores
     masked = (scores == NEG_INF) & _live_rows(scores).unsqueeze(-1)
     out = _out(spec, case)
@@ -127,17 +156,23 @@ def verify_mask_zero(spec, case, ctx) -> float:
         raise Violation(f"a masked key got weight {shown:.3g}, not exactly 0",
                         observed=worst, bound=0, ratio=math.inf, input=scores)
     excess = 0.0
-    for r in range(scores.shape[0]):
-        keep = ~masked[r]
-        if bool(keep.all()) or not bool(keep.any()):
-            continue
-        want = _out(spec, case, scores[r : r + 1, keep])
-        ok, ex = close_mask(out[r : r + 1, keep], want, scores.dtype)
+    keep = ~masked
+    kept = keep.sum(-1)
+    judged = keep.any(-1) & ~keep.all(-1)
+    for count in sorted(set(kept[judged].tolist())):
+        rows = (judged & (kept == count)).nonzero().flatten()
+        pick = keep[rows]
+        without = scores[rows][pick].reshape(len(rows), count)
+        want = _out(spec, case, without)
+        got = out[rows][pick].reshape(len(rows), count)
+        ok, ex = close_mask(got, want, scores.dtype)
         excess = max(excess, ex)
         if not ok:
+            bad = _first_bad_row(got, want, scores.dtype)
+            r = int(rows[bad])
             raise Violation(
                 f"row {r}: weights with keys masked differ from the row without those keys: "
-                f"{mismatch_message(out[r:r + 1, keep], want, scores.dtype)}",
+                f"{mismatch_message(got[bad:bad + 1], want[bad:bad + 1], scores.dtype)}",
                 observed=ex, bound=1, ratio=ex, row=r,
                 masked=masked[r].nonzero().flatten().tolist(), input=scores,
             )
@@ -145,37 +180,112 @@ def verify_mask_zero(spec, case, ctx) -> float:
 
 
 def check_batch_independent(spec, case, ctx) -> float:
-    """Each row alone, and as the first row of a batch of very different rows (scale 1e3), gives
-    the weights it has in its own batch: :func:`verify_batch_independent` on the case's batch,
-    then on each of those mixed batches."""
-    scores = case.scores
-    excess = verify_batch_independent(spec, case, ctx)
-    g = torch.Generator().manual_seed(int(case.seed) + 3)
-    other = torch.randn(scores.shape, generator=g, dtype=torch.float64) * 1e3
-    for r in range(scores.shape[0]):
-        mixed = other.to(scores.dtype).to(scores.device)
-        mixed[0] = scores[r]
-        ex = verify_batch_independent(spec, case._replace(scores=mixed), ctx, rows=(0,))
-        excess = max(excess, ex)
-    return excess
-
-
-def verify_batch_independent(spec, case, ctx, rows=None) -> float:
-    """Each row (of ``rows``, default all) computed alone equals the same row in the batch."""
+    """:func:`verify_batch_independent` on the case's batch, then on a batch that mixes its rows
+    with very different ones (scale 1e3) at seeded positions: each row's weights there equal its
+    weights in its own batch."""
     scores = case.scores
     out = _out(spec, case)
+    excess = verify_batch_independent(spec, case, ctx, out=out)
+    count = scores.shape[0]
+    g = torch.Generator().manual_seed(int(case.seed) + 3)
+    other = (torch.randn(2 * count, scores.shape[-1], generator=g, dtype=torch.float64) * 1e3)
+    mixed = other.to(scores.dtype).to(scores.device)
+    at = torch.randperm(2 * count, generator=g)[:count].sort().values.to(scores.device)
+    mixed[at] = scores
+    got = _out(spec, case, mixed)[at]
+    ok, ex = close_mask(got, out, scores.dtype)
+    if not ok:
+        r = _first_bad_row(got, out, scores.dtype)
+        raise Violation(
+            f"row {r} inside a batch of {2 * count} rows that mixes the case's rows with very "
+            f"different ones (at row {int(at[r])}) differs from the same row in its own batch of "
+            f"{count}: {mismatch_message(got[r:r + 1], out[r:r + 1], scores.dtype)}",
+            observed=ex, bound=1, ratio=ex, row=r, input=mixed)
+    return max(excess, ex)
+
+
+def verify_batch_independent(spec, case, ctx, rows=None, out=None) -> float:
+    """Rows computed alone (each of ``rows``; default all of a batch of up to
+    :data:`ALONE_ROWS`, else :func:`alone_rows`), and the batch in reverse row order, give the
+    weights of the same rows in the batch (``out``: those weights, when already computed)."""
+    scores = case.scores
+    count = scores.shape[0]
+    out = _out(spec, case) if out is None else out
     excess = 0.0
-    for r in range(scores.shape[0]) if rows is None else rows:
+    for r in alone_rows(count, case.seed) if rows is None else rows:
         alone = _out(spec, case, scores[r : r + 1])
         ok, ex = close_mask(alone, out[r : r + 1], scores.dtype)
         excess = max(excess, ex)
         if not ok:
             raise Violation(
                 f"row {r} computed alone differs from the same row in its batch of "
-                f"{scores.shape[0]}: {mismatch_message(alone, out[r:r + 1], scores.dtype)}",
+                f"{count}: {mismatch_message(alone, out[r:r + 1], scores.dtype)}",
                 observed=ex, bound=1, ratio=ex, row=r, input=scores,
             )
+    if count > 1 and rows is None:
+        flipped = _out(spec, case, scores.flip(0)).flip(0)
+        ok, ex = close_mask(flipped, out, scores.dtype)
+        excess = max(excess, ex)
+        if not ok:
+            r = _first_bad_row(flipped, out, scores.dtype)
+            raise Violation(
+                f"row {r} of a batch of {count} differs when the batch is given in reverse row "
+                f"order (it is then row {count - 1 - r}): "
+                f"{mismatch_message(flipped[r:r + 1], out[r:r + 1], scores.dtype)}",
+                observed=ex, bound=1, ratio=ex, row=r, input=scores)
     return excess
+
+
+def alone_rows(count: int, seed: int = 0) -> list[int]:
+    """The rows of a batch of ``count`` computed alone: every row up to :data:`ALONE_ROWS`;
+    beyond, the first two, the last two, the rows either side of each boundary of
+    :data:`CHUNKS` inside the batch (at most two boundaries each) and two seeded ones."""
+    if count <= ALONE_ROWS:
+        return list(range(count))
+    picks = {0, 1, count - 2, count - 1}
+    for chunk in CHUNKS:
+        for edge in range(chunk, count, chunk)[:2]:
+            picks |= {edge - 1, edge}
+        last = (count - 1) // chunk * chunk
+        picks |= {last - 1, last} if 0 < last < count else set()
+    g = torch.Generator().manual_seed(int(seed) + 5)
+    picks |= set(torch.randint(0, count, (2,), generator=g).tolist())
+    return sorted(r for r in picks if 0 <= r < count)
+
+
+def _first_bad_row(got, want, dtype) -> int:
+    """The first row where ``got`` and ``want`` differ beyond the tolerance."""
+    diff, allowed = _diff_allowed(got, want, dtype, 1.0)
+    ratio = (diff / allowed).nan_to_num(math.inf).amax(-1)
+    return int((ratio > 1).nonzero().flatten()[0])
+
+
+def check_layout_invariant(spec, case, ctx) -> float:
+    """The weights of the case's rows given in its layout (rank, axis, memory layout; every
+    copy along an expanded axis) equal, within the dtype's tolerance, the weights of the same
+    rows given as one contiguous ``[R, L]`` block with ``dim=-1``."""
+    layout = layout_of(case)
+    if layout.plain:
+        return 0.0
+    scores = case.scores
+    count, length = scores.shape
+    want = weights(spec, scores, case.temperature, plain(count, length))
+    out = given(spec, scores, case.temperature, layout)[1]
+    read(out, layout)  # a tensor of the input's shape
+    copies = collect(out, layout, copies="all")
+    worst = 0.0
+    for c in range(copies.shape[0]):
+        ok, ex = close_mask(copies[c], want, scores.dtype)
+        worst = max(worst, ex)
+        if not ok:
+            r = _first_bad_row(copies[c], want, scores.dtype)
+            copy = f", copy {c} of {copies.shape[0]}" if copies.shape[0] > 1 else ""
+            raise Violation(
+                f"given as {layout.describe()}, the weights differ from those of the same rows "
+                f"as one contiguous [{count}, {length}] block with dim=-1 (row {r}{copy}): "
+                f"{mismatch_message(copies[c][r:r + 1], want[r:r + 1], scores.dtype)}",
+                observed=ex, bound=1, ratio=ex, row=r, layout=layout.describe())
+    return worst
 
 
 def check_low_precision(spec, case, ctx) -> float:
