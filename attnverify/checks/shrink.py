@@ -10,14 +10,16 @@ violation, a raise stays a raise):
    ``dim=-1``, else the same kind of view at rank 2 (then 3), else one feature less at a time
    (no storage offset, no slice step, no expanded axis, no view, the last axis, the negative
    spelling of ``dim``); a candidate is tried only when it is simpler than the current layout;
-2. fewest rows: drop blocks of rows, halving the block size down to single rows (with any
-   per-row field such as ``delta``), so a failure that needs 65 of 4097 rows gets there in a few
-   dozen checks;
+2. fewest rows: keep only the first rows (1, 2, 3, 4, then either side of each power of two),
+   so a failure that needs a chunk and its tail (65 of 3071 rows) gets there in a dozen checks;
+   then drop blocks of rows, halving the block size (with any per-row field such as ``delta``),
+   down to a sixteenth of the rows first, to single rows after the keys;
 3. fewest keys: drop blocks of keys likewise (masked keys are dropped only when the failure
    survives, so a mask the failure needs is kept);
-4. simplest values: each finite score to 0, else truncated to an integer, else to one significant
-   digit (always towards 0, so a bound such as ``|l| ≤ a`` still holds); ``-inf``, ``inf`` and
-   NaN stay;
+4. simplest values: every score to 0 at once (masked keys too, when the failure does not need
+   them), else every finite one, else row by row, then each finite score to 0, else truncated
+   to an integer, else to one significant digit (always towards 0, so a bound such as
+   ``|l| ≤ a`` still holds); otherwise ``-inf``, ``inf`` and NaN stay;
 5. temperature 1 when the case drew one (not when ``--params`` fixed it).
 
 A case's layout follows its rows: dropping rows or keys fits it to the new row count and length.
@@ -45,6 +47,9 @@ from attnverify.checks.base import NormalizerError, Violation
 from attnverify.strategies.layouts import Layout, build_layout, plain
 
 MAX_CHECKS = 400
+#: Row counts :meth:`_Search.first_rows` tries, fewest first: a few, then either side of every
+#: power of two up to 4096 (chunk boundaries).
+ROW_LADDER = tuple(sorted({1, 2, 3, 4} | {2**k + d for k in range(3, 13) for d in (-1, 0, 1)}))
 BUDGET_S = 30.0
 #: Case fields indexed by row (dropped with their row).
 ROW_FIELDS = ("delta",)
@@ -118,7 +123,9 @@ class _Search:
 
     def progress(self) -> bool:
         before = self.checks
-        changed = self.simplify_layout() | self.drop_rows() | self.drop_keys() | self.simplify()
+        rows = self.case.scores.shape[0]
+        changed = self.simplify_layout() | self.drop_rows(fewest=max(1, rows // 16))
+        changed |= self.drop_keys() | self.drop_rows() | self.simplify()
         return changed and self.checks > before and not self.exhausted()
 
     def simplify_layout(self) -> bool:
@@ -134,10 +141,24 @@ class _Search:
                 break
         return changed
 
-    def drop_rows(self) -> bool:
-        changed = False
+    def first_rows(self) -> bool:
+        """Keep only the first ``n`` rows, for the smallest ``n`` of :data:`ROW_LADDER` that
+        still fails (a failure that needs a chunk and a tail, 65 rows of 3071, in a dozen
+        checks)."""
+        count = self.case.scores.shape[0]
+        for n in ROW_LADDER:
+            if n >= count or self.exhausted():
+                return False
+            if self.attempt(_take_rows(self.case, list(range(n)))):
+                return True
+        return False
+
+    def drop_rows(self, fewest: int = 1) -> bool:
+        """Keep the first rows (:meth:`first_rows`), then drop blocks of rows, halving the block
+        down to ``fewest`` rows."""
+        changed = self.first_rows()
         size = max(self.case.scores.shape[0] // 2, 1)
-        while size >= 1 and not self.exhausted():
+        while size >= fewest and not self.exhausted():
             start = 0
             while start < self.case.scores.shape[0] and self.case.scores.shape[0] > 1:
                 count = self.case.scores.shape[0]
@@ -165,7 +186,18 @@ class _Search:
         return changed
 
     def simplify(self) -> bool:
-        changed = False
+        """Every score to 0 at once (masks included), else every finite one, else row by row
+        (when there are several), then each score to a simpler value."""
+        scores = self.case.scores
+        masked = scores == float("-inf")
+        changed = bool(masked.any()) and self.attempt(
+            self.case._replace(scores=torch.zeros_like(scores)))
+        changed = changed or self.zero(torch.ones_like(self.case.scores, dtype=torch.bool))
+        if not changed and self.case.scores.shape[0] > 1:
+            for r in range(self.case.scores.shape[0]):
+                rows = torch.zeros_like(self.case.scores, dtype=torch.bool)
+                rows[r] = True
+                changed |= self.zero(rows)
         for index in range(self.case.scores.numel()):
             value = float(self.case.scores.flatten()[index])
             if not math.isfinite(value):
@@ -175,6 +207,15 @@ class _Search:
                     changed = True
                     break
         return changed
+
+
+    def zero(self, where: torch.Tensor) -> bool:
+        """Set the finite nonzero scores in ``where`` to 0, if that still fails."""
+        scores = self.case.scores
+        where = where & torch.isfinite(scores) & (scores != 0)
+        if not bool(where.any()):
+            return False
+        return self.attempt(self.case._replace(scores=scores.masked_fill(where, 0.0)))
 
 
 def _fully_masked_rows(scores: torch.Tensor) -> torch.Tensor:
@@ -226,7 +267,7 @@ def _complexity(layout: Layout) -> tuple:
     simpler): its kinds, rank (2 first), axis, spelling, offset, steps, copies."""
     views = sum(1 for k in layout.kinds if k != "contiguous")
     return (views, (layout.rank != 2, layout.rank), -layout.from_end, layout.dim >= 0,
-            layout.offset, max(layout.step), layout.copies)
+            layout.offset, max(layout.step), layout.copies, layout.sizes)
 
 
 def simpler_layouts(layout: Layout) -> list[Layout]:
@@ -235,16 +276,21 @@ def simpler_layouts(layout: Layout) -> list[Layout]:
     out = [plain(rows, length)]
     for kind in layout.kinds:
         for rank in (2, 3):
-            if rank < layout.rank or kind != "contiguous":
-                out.append(build_layout(rows, length, rank=rank, kind=kind))
+            for from_end in dict.fromkeys((-1, max(layout.from_end, -rank))):
+                for positive in dict.fromkeys((False, layout.dim >= 0)):
+                    out.append(build_layout(rows, length, rank=rank, from_end=from_end,
+                                            positive=positive, kind=kind))
     rank = layout.rank
     if layout.offset:
-        out.append(layout._replace(offset=0))
+        out += [layout._replace(offset=0), layout._replace(offset=1)]
     if max(layout.step) > 1:
         out.append(layout._replace(step=(1,) * rank))
+        out.append(layout._replace(step=tuple(min(s, 2) for s in layout.step)))
     if layout.expand:
         sizes = tuple(1 if a in layout.expand else s for a, s in enumerate(layout.sizes))
         out.append(layout._replace(sizes=sizes, expand=()))
+        sizes = tuple(min(s, 2) if a in layout.expand else s for a, s in enumerate(layout.sizes))
+        out.append(layout._replace(sizes=sizes))
     if layout.order != tuple(range(rank)):
         out.append(layout._replace(order=tuple(range(rank))))
     if layout.axis != rank - 1:

@@ -284,7 +284,7 @@ def check_layout_invariant(spec, case, ctx) -> float:
                 f"given as {layout.describe()}, the weights differ from those of the same rows "
                 f"as one contiguous [{count}, {length}] block with dim=-1 (row {r}{copy}): "
                 f"{mismatch_message(copies[c][r:r + 1], want[r:r + 1], scores.dtype)}",
-                observed=ex, bound=1, ratio=ex, row=r, layout=layout.describe())
+                observed=ex, bound=1, ratio=ex, row=r, copy=c)
     return worst
 
 
