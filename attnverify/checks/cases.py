@@ -173,6 +173,8 @@ BATTERY_LAYOUTS = (
     ("strided", 3, -1, False, 5),
     ("contiguous", 4, -4, False, 0),
 )
+#: Rows of an explicit case (one row where its layout has rank 1).
+BATTERY_ROWS = 4
 #: Row counts of the explicit many-row cases: one past and one short of every chunk boundary.
 BATTERY_MANY_ROWS = (4097, 3071)
 
@@ -207,9 +209,9 @@ def many_rows_battery(spec, ctx: Context, *, kinds, dtype, temperature) -> list[
 
 def row_battery(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None,
                 min_batch=1, long=True, many=True) -> list[RowCase]:
-    """One explicit case per adversarial kind and dtype (each in the next layout of
-    :data:`BATTERY_LAYOUTS`), a low-temperature one, a long row and (``many``) the many-row
-    cases."""
+    """One explicit case per adversarial kind and dtype (:data:`BATTERY_ROWS` rows, each in the
+    next layout of :data:`BATTERY_LAYOUTS`), a low-temperature one, a long row and (``many``)
+    the many-row cases."""
     kinds = _kinds(spec, kinds, allow_mask)
     dtypes = tuple(dtypes or ctx.full_dtypes)
     t = battery_temperature(spec, ctx)
@@ -217,8 +219,11 @@ def row_battery(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None,
     for dtype in dtypes:
         for kind in kinds:
             length = 1 if kind == "single" else 9
-            rows = S.build_rows(kind, length=length, batch=max(3, min_batch), dtype=dtype,
-                                seed=7, device=ctx.device)
+            rank = BATTERY_LAYOUTS[len(out) % len(BATTERY_LAYOUTS)][1]
+            count = 1 if rank == 1 and min_batch <= 1 and kind != "mixed_scale" else \
+                max(BATTERY_ROWS, min_batch)
+            rows = S.build_rows(kind, length=length, batch=count, dtype=dtype, seed=7,
+                                device=ctx.device)
             layout = battery_layout(spec, rows.batch, length, len(out))
             out.append(RowCase(rows.scores, t, kind, 7, layout))
     if spec.takes_temperature and ctx.temperature is None:

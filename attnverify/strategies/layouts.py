@@ -360,11 +360,13 @@ def _divisors(n: int) -> list[int]:
 
 
 def _split(rows: int, parts: int, rng: random.Random) -> list[int]:
-    """``parts`` sizes whose product is ``rows`` (the last takes what is left)."""
+    """``parts`` sizes whose product is ``rows`` (the last takes what is left), each above 1
+    where the rows allow it (so that a permutation of the axes is a real view)."""
     out = []
     for _ in range(parts - 1):
         choices = [d for d in _divisors(rows) if d <= 16]
-        d = rng.choice(choices)
+        inner = [d for d in choices if 1 < d < rows]
+        d = rng.choice(inner or choices)
         out.append(d)
         rows //= d
     return out + [rows]
