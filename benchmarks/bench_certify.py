@@ -25,6 +25,7 @@ PROPERTIES = (
     "permutation_equivariant",
     "mask_zero",
     "batch_independent",
+    "layout_invariant",
     "simplex",
     "sub_simplex",
     "nonnegative",

@@ -31,9 +31,9 @@ from attnverify.strategies.layouts import (
     build_layout,
     collect,
     layout_space,
-    layouts,
     plain,
     present,
+    row_layouts,
 )
 
 FILE = str(Path(__file__).parent / "fixtures" / "planted_layout.py")
@@ -117,7 +117,7 @@ def test_fit_keeps_the_layout_for_other_row_counts():
 @settings(max_examples=60)
 @given(st.integers(1, 70), st.integers(1, 9), st.data())
 def test_every_layout_gives_the_rows_and_normalises_them(rows, length, data):
-    lay = data.draw(layouts(rows=rows, length=length))
+    lay = data.draw(row_layouts(rows=rows, length=length))
     scores = torch.randn(rows, length, dtype=torch.float64)
     x = present(scores, lay)
     assert tuple(x.stride()) == lay.strides and x.storage_offset() == lay.offset

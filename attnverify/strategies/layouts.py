@@ -24,7 +24,7 @@ values, so that a kernel that reads memory in storage order reads them);
 ``torch.func.jvp`` / ``vjp``), so a derivative taken through :func:`present` is the derivative of
 the normaliser on that view.
 
-:func:`layouts` is the Hypothesis strategy (shrinking towards the simplest presentation: the
+:func:`row_layouts` is the Hypothesis strategy (shrinking towards the simplest presentation: the
 contiguous ``[R, L]`` block with ``dim=-1``, then rank 2 before 3 and 4, the last axis before
 another, the negative spelling before the positive one), :func:`build_layout` its deterministic
 builder, :func:`row_counts` and :func:`block_lengths` the row counts and row lengths that cross
@@ -574,7 +574,7 @@ def draw_layout(draw: Callable, rows: int, length: int, space: LayoutSpace = ANY
                         kind=kind, detail=detail, space=space)
 
 
-def layouts(*, rows: int | SearchStrategy[int] = 1, length: int | SearchStrategy[int] = 8,
+def row_layouts(*, rows: int | SearchStrategy[int] = 1, length: int | SearchStrategy[int] = 8,
             kinds: Sequence[str] | None = None, dims: Sequence[int] | None = None
             ) -> SearchStrategy[Layout]:
     """Layouts of ``rows`` rows of ``length`` keys: ranks 1–4, any axis (``dims``: only those,
