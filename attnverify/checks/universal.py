@@ -38,6 +38,8 @@ NEG_INF = float("-inf")
 ALONE_ROWS = 8
 #: Chunk sizes whose boundaries (and the rows either side) are among the rows computed alone.
 CHUNKS = (64, 128, 1024)
+#: Very different rows mixed into a batch (as many as the batch has, up to this many).
+MIXED_ROWS = 64
 
 
 def _out(spec, case, scores=None):
@@ -181,23 +183,24 @@ def verify_mask_zero(spec, case, ctx) -> float:
 
 def check_batch_independent(spec, case, ctx) -> float:
     """:func:`verify_batch_independent` on the case's batch, then on a batch that mixes its rows
-    with very different ones (scale 1e3) at seeded positions: each row's weights there equal its
-    weights in its own batch."""
+    with as many very different ones (scale 1e3; at most :data:`MIXED_ROWS`) at seeded
+    positions: each row's weights there equal its weights in its own batch."""
     scores = case.scores
     out = _out(spec, case)
     excess = verify_batch_independent(spec, case, ctx, out=out)
     count = scores.shape[0]
+    total = count + min(count, MIXED_ROWS)
     g = torch.Generator().manual_seed(int(case.seed) + 3)
-    other = (torch.randn(2 * count, scores.shape[-1], generator=g, dtype=torch.float64) * 1e3)
+    other = (torch.randn(total, scores.shape[-1], generator=g, dtype=torch.float64) * 1e3)
     mixed = other.to(scores.dtype).to(scores.device)
-    at = torch.randperm(2 * count, generator=g)[:count].sort().values.to(scores.device)
+    at = torch.randperm(total, generator=g)[:count].sort().values.to(scores.device)
     mixed[at] = scores
     got = _out(spec, case, mixed)[at]
     ok, ex = close_mask(got, out, scores.dtype)
     if not ok:
         r = _first_bad_row(got, out, scores.dtype)
         raise Violation(
-            f"row {r} inside a batch of {2 * count} rows that mixes the case's rows with very "
+            f"row {r} inside a batch of {total} rows that mixes the case's rows with very "
             f"different ones (at row {int(at[r])}) differs from the same row in its own batch of "
             f"{count}: {mismatch_message(got[r:r + 1], out[r:r + 1], scores.dtype)}",
             observed=ex, bound=1, ratio=ex, row=r, input=mixed)
