@@ -23,7 +23,9 @@ from hypothesis import given
 from attnverify import heartbeat
 from attnverify.checks import PROPERTIES, Property, Violation, properties_for
 from attnverify.checks.base import Context, NormalizerError, monitor_of, positive_temperature
+from attnverify.checks.layout import space_of
 from attnverify.checks.shrink import shrink
+from attnverify.coverage import Coverage
 from attnverify.errors import UsageError, WorkerFailed
 from attnverify.registry import NormalizerSpec
 from attnverify.runconfig import (  # noqa: F401 - re-exported: the run configuration's home
@@ -47,6 +49,8 @@ class PropertyResult:
     counterexample: dict[str, Any] | None = None
     message: str = ""
     elapsed_s: float = 0.0
+    #: The inputs it was checked on (:mod:`attnverify.coverage`); ``None``: no case ran.
+    coverage: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -85,6 +89,10 @@ class TargetResult:
         return "certified"
 
     def to_json(self) -> dict[str, Any]:
+        from attnverify.coverage import certified_for, target_block
+
+        coverage = target_block(self.results)
+        declared = (coverage or {}).get("declared")
         return {
             "target": self.target,
             "claims": list(self.claims),
@@ -93,6 +101,8 @@ class TargetResult:
             "reference_owner": self.reference_owner,
             "worker_pids": list(self.worker_pids),
             "verdict": self.verdict,
+            "certified_for": certified_for(declared) if coverage else None,
+            "coverage": coverage,
             "results": [r.to_json() for r in self.results],
         }
 
@@ -191,6 +201,7 @@ class _State:
         self.worst = 0.0
         self.last: Any = None
         self.reproduces = True
+        self.coverage = Coverage()
 
 
 def _size(case: Any) -> int:
@@ -282,6 +293,7 @@ def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
 def _evaluate(prop: Property, spec, ctx, state: _State, case) -> float:
     state.examples += 1
     state.last = case
+    state.coverage.add(case)
     heartbeat.example_started(case)  # the watchdog's clock (no-op outside a worker)
     try:
         ratio = float(prop.check(spec, case, ctx))
@@ -392,6 +404,7 @@ def _finish(prop, claimed, status, state, start, message, violation, spec, ctx) 
         counterexample=counterexample,
         message=message,
         elapsed_s=time.perf_counter() - start,
+        coverage=state.coverage.to_json(declared=space_of(spec).to_json()),
     )
 
 

@@ -1,5 +1,9 @@
 """Certificates: the JSON contract (schema_version 1), Markdown, and the terminal table.
 
+Each target says what its verdict covers: ``certified for: …`` (its declared layouts and axes, or
+every one) and ``coverage: …`` (:mod:`attnverify.coverage`; the Markdown adds the properties that
+covered something else), next to the JSON's ``certified_for`` and ``coverage``.
+
 The report is built from results, never re-derived; files are written atomically (a temporary
 file in the same directory, then ``os.replace``), so a partial file never replaces a good one.
 """
@@ -112,9 +116,29 @@ def terminal_table(data: dict[str, Any]) -> str:
                 lines.extend(_violation_lines(r))
             elif r["status"] == "not_applicable" and r["claimed"]:
                 lines.append(f"  note: {r['property']} not applicable: {r['message']}")
+        lines.extend(f"  {line}" for line in coverage_lines(target))
         lines.append(f"verdict: {target['target']}: {target['verdict'].upper().replace('_', ' ')}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def coverage_lines(target: dict[str, Any], *, per_property: bool = False) -> list[str]:
+    """``certified for: …`` (``checked for`` unless certified) and ``coverage: …`` (and, with
+    ``per_property``, one line per property that covered something else)."""
+    from attnverify.coverage import describe, describe_difference
+
+    block = target.get("coverage")
+    if not block:
+        return []
+    out = []
+    if target.get("certified_for"):
+        said = "certified for" if target.get("verdict") == "certified" else "checked for"
+        out.append(f"{said}: {target['certified_for']}")
+    out.append(f"coverage: {describe(block)}")
+    if per_property:
+        for prop, diff in (block.get("properties") or {}).items():
+            out.append(f"  {prop}: {describe_difference(diff)}")
+    return out
 
 
 #: Longest scores text shown in a table; the JSON and the repro always hold the whole input.
@@ -132,12 +156,21 @@ def counterexample_text(ce: dict[str, Any]) -> str:
     else:
         shown = "(too large to show here: in the JSON and the repro)"
     parts = [f"{ce.get('dtype')}", f"shape {ce.get('shape')}"]
+    layout = ce.get("layout")
+    if isinstance(layout, dict) and layout.get("text") and not _plain(layout):
+        parts.append(f"given as {layout['text']}")
     if ce.get("temperature") is not None:
         parts.append(f"T={ce['temperature']}")
     params = {k: v for k, v in (ce.get("params") or {}).items() if k != "temperature"}
     if params:
         parts.append(f"params {json.dumps(params)}")
     return f"scores={shown} ({', '.join(parts)})"
+
+
+def _plain(layout: dict[str, Any]) -> bool:
+    """The contiguous ``[R, L]`` block with ``dim=-1`` (nothing to say about the layout)."""
+    return (len(layout.get("sizes") or []) == 2 and layout.get("dim") == -1
+            and layout.get("kinds") == ["contiguous"])
 
 
 def _violation_lines(r: dict[str, Any]) -> list[str]:
@@ -173,6 +206,10 @@ def markdown(data: dict[str, Any]) -> str:
         lines += [f"## `{target['target']}` — {target['verdict']}", ""]
         if target.get("reference"):
             lines += [f"Reference (float64): `{target['reference']}`.", ""]
+        cover = coverage_lines(target, per_property=True)
+        if cover:
+            lines += [f"- {line.strip()}" if not line.startswith("  ") else f"  - {line.strip()}"
+                      for line in cover] + [""]
         lines += ["| property | claimed | status | examples | worst ratio | message |",
                   "| --- | --- | --- | --- | --- | --- |"]
         for r in target["results"]:

@@ -11,9 +11,13 @@ bfloat16 and float32 value is a float64, and ``repr`` round-trips). Larger: ``{"
 :func:`encode_tensor` / :func:`decode_tensor`.
 
 **Cases.** A case (a named tuple of :mod:`attnverify.checks.cases`) is a JSON object with its
-fields, ``"case"`` (the type name), ``"dtype"`` and ``"shape"`` of the scores, ``"device"`` when
-not the CPU, and ``"params"`` (the normalizer's parameters): :func:`encode_case` /
-:func:`decode_case`.
+fields, ``"case"`` (the type name), ``"dtype"`` and ``"shape"`` of the scores (the ``[R, L]``
+rows), ``"device"`` when not the CPU, and ``"params"`` (the normalizer's parameters):
+:func:`encode_case` / :func:`decode_case`. Its ``"layout"`` says how the rows were given to the
+normalizer: ``"sizes"``, ``"strides"``, ``"storage_offset"`` and ``"dim"`` of the tensor it got,
+the ``"order"``, ``"step"`` and ``"expand"`` they come from, its ``"kinds"`` and ``"text"`` (plain
+words); decoding rebuilds those strides exactly (:class:`attnverify.strategies.layouts.Layout`).
+A field missing from an older case takes its default (``layout``: the contiguous block).
 
 **Repro.** :func:`repro_command` is the single builder of the one-line repro printed by certify,
 falsify, claims, the report and the pytest suite: ``attnverify repro TARGET --property ID --case
@@ -148,8 +152,13 @@ def _dtype(name: str) -> torch.dtype:
 def encode_case(case: Any, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """A case named tuple as JSON: its fields, its type, the scores' dtype and shape, params."""
     out: dict[str, Any] = {"case": type(case).__name__}
+    scores = getattr(case, "scores", None)
     for name, value in case._asdict().items():
-        if isinstance(value, torch.Tensor):
+        if name == "layout" and value is not None and hasattr(value, "to_json"):
+            if isinstance(scores, torch.Tensor) and scores.dim() == 2:
+                value = value.fit(*scores.shape)  # the layout the rows were given in
+            out[name] = value.to_json()
+        elif isinstance(value, torch.Tensor):
             out[name] = encode_tensor(value)
             if name == "scores":
                 out["dtype"] = dtype_name(value.dtype)
@@ -172,7 +181,11 @@ def decode_case(data: dict[str, Any], types: dict[str, type]) -> Any:
     cls = types[data["case"]]
     device = _device(data.get("device", "cpu"))
     values = {}
+    defaults = getattr(cls, "_field_defaults", {})
     for name in cls._fields:
+        if name not in data and name in defaults:
+            values[name] = defaults[name]
+            continue
         if name not in data:
             raise UsageError(f"the {cls.__name__} case has no field {name!r}")
         value = _decode_field(name, data[name], data)
@@ -192,6 +205,8 @@ def _device(name: Any) -> torch.device:
 
 
 def _decode_field(name: str, value: Any, data: dict[str, Any]) -> Any:
+    if name == "layout":
+        return None if value is None else _layout(value, data)
     if name == "scores":
         return decode_tensor(value, _dtype(data.get("dtype", "float64")), data.get("shape"))
     if isinstance(value, dict) or (isinstance(value, list) and name not in ("perm",)):
@@ -199,6 +214,21 @@ def _decode_field(name: str, value: Any, data: dict[str, Any]) -> Any:
     if isinstance(value, str) and value in NON_FINITE:
         return NON_FINITE[value]
     return value
+
+
+def _layout(value: Any, data: dict[str, Any]):
+    """The case's layout, checked against its scores (a usage error naming what is wrong)."""
+    from attnverify.strategies.layouts import Layout
+
+    try:
+        layout = Layout.from_json(value)
+    except ValueError as exc:
+        raise UsageError(f"bad layout in the case: {exc}") from None
+    shape = data.get("shape")
+    if isinstance(shape, list) and len(shape) == 2 and (layout.rows, layout.length) != tuple(shape):
+        raise UsageError(f"bad layout in the case: it gives {layout.rows} rows of "
+                         f"{layout.length}, but the scores have shape {shape}")
+    return layout
 
 
 def read_case(text: str) -> dict[str, Any]:

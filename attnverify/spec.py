@@ -19,6 +19,13 @@ from attnverify.errors import TargetError, UsageError
 #: Output spaces a normalizer may declare (docs/NORMALIZERS.md, "space").
 SPACES = ("simplex", "sub_simplex", "nonnegative", "affine", "any")
 
+#: Memory layouts a normalizer may declare it takes (``normalizer_spec(layouts=...)``), simplest
+#: first; :mod:`attnverify.strategies.layouts` builds them.
+LAYOUT_KINDS = ("contiguous", "offset", "transposed", "permuted", "strided", "expanded")
+#: Axes a normalizer may declare it normalises (``normalizer_spec(dims=...)``), counted from the
+#: end: ``-1`` is the last axis.
+LAYOUT_AXES = (-1, -2, -3, -4)
+
 #: Claim ids implied by each space, used when a spec gives a space but no claims.
 SPACE_CLAIMS = {
     "simplex": ("simplex",),
@@ -72,6 +79,11 @@ class NormalizerSpec:
     #: when the value is acceptable, else what is expected ("a number in (0, 1)"); applied to
     #: ``--params`` (:func:`attnverify.registry.validate_params`) on top of the shared rules.
     param_checks: Mapping[str, Callable[[Any], str | None]] = field(default_factory=dict)
+    #: Declared restrictions: the memory layouts it takes (:data:`LAYOUT_KINDS`; ``None``: every
+    #: one) and the axes it normalises, counted from the end (``(-1,)``: the last axis only;
+    #: ``None``: any). certify calls it only there and says so ("certified for: …").
+    layouts: tuple[str, ...] | None = None
+    dims: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.space not in SPACES:
@@ -82,6 +94,8 @@ class NormalizerSpec:
             raise TargetError(f"normalizer {self.id!r}: fn is not callable")
         object.__setattr__(self, "claims", tuple(self.claims))
         object.__setattr__(self, "params", dict(self.params))
+        object.__setattr__(self, "layouts", _declared_layouts(self.id, self.layouts))
+        object.__setattr__(self, "dims", _declared_dims(self.id, self.dims))
 
     def __call__(self, scores, dim: int = -1, **overrides):
         return self.fn(scores, dim=dim, **{**self.params, **overrides})
@@ -124,6 +138,8 @@ def normalizer_spec(
     description: str = "",
     reference: Any = None,
     param_checks: Mapping[str, Callable[[Any], str | None]] | None = None,
+    layouts: tuple[str, ...] | list[str] | None = None,
+    dims: tuple[int, ...] | list[int] | int | None = None,
 ) -> NormalizerSpec:
     """Public constructor for a spec object that declares its claims (docs/INTERFACES.md).
 
@@ -131,7 +147,11 @@ def normalizer_spec(
     the claims implied by ``space``, plus ``matches_reference`` when there is a reference:
     ``reference`` (a callable ``ref(scores, dim=-1, **params)``, a spec or a target string,
     evaluated in float64) or, without one, the general form of ``kernel``. ``param_checks``
-    validates parameters given with ``--params`` (see the field).
+    validates parameters given with ``--params`` (see the field). ``layouts`` and ``dims`` declare
+    what it takes when that is less than every input: memory layouts among
+    :data:`LAYOUT_KINDS` (``"contiguous"`` included) and axes counted from the end (``-1``: the
+    last axis); certify then calls it only there, and without them it is held to every layout,
+    rank and axis.
     """
     if not callable(fn):
         raise TargetError(f"normalizer {id or fn!r}: fn is not callable")
@@ -151,7 +171,40 @@ def normalizer_spec(
         description=description or _first_doc_line(fn),
         reference=reference,
         param_checks=dict(param_checks or {}),
+        layouts=None if layouts is None else tuple(layouts),
+        dims=None if dims is None else (dims,) if isinstance(dims, int) else tuple(dims),
     )
+
+
+def _declared_layouts(id: str, layouts: Any) -> tuple[str, ...] | None:
+    """``layouts`` as a tuple of :data:`LAYOUT_KINDS` (``None``: every one), else a
+    :class:`TargetError` naming the normalizer and the bad entry."""
+    if layouts is None:
+        return None
+    if isinstance(layouts, str):
+        layouts = (layouts,)
+    layouts = tuple(dict.fromkeys(layouts))
+    bad = [k for k in layouts if k not in LAYOUT_KINDS]
+    if bad:
+        raise TargetError(f"normalizer {id!r}: layouts contains {bad[0]!r}, which is not one of "
+                          f"{', '.join(LAYOUT_KINDS)}")
+    if "contiguous" not in layouts:
+        raise TargetError(f"normalizer {id!r}: layouts must include 'contiguous'")
+    return None if set(layouts) == set(LAYOUT_KINDS) else layouts
+
+
+def _declared_dims(id: str, dims: Any) -> tuple[int, ...] | None:
+    """``dims`` as a tuple of :data:`LAYOUT_AXES` (``None``: any axis), else a
+    :class:`TargetError`."""
+    if dims is None:
+        return None
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    bad = [d for d in dims if isinstance(d, bool) or d not in LAYOUT_AXES]
+    if bad or not dims:
+        raise TargetError(f"normalizer {id!r}: dims={dims!r}: give axes counted from the end, "
+                          "-1 (the last axis), -2, -3 or -4")
+    dims = tuple(dict.fromkeys(dims))
+    return None if set(dims) == set(LAYOUT_AXES) else dims
 
 
 def _signature_params(fn: Callable[..., Any]) -> dict[str, Any]:

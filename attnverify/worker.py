@@ -373,6 +373,8 @@ class Server:
     def _calls(self, fn, tensors, message, effects):
         """Several calls in one request, in order, each on its own inputs (no grad); the
         ``index`` of a call that raises or is refused goes back with the error."""
+        import torch
+
         calls, expect = message.get("calls"), message.get("expect")
         if not isinstance(calls, list) or not isinstance(expect, list) or \
                 len(calls) != len(expect):
@@ -387,10 +389,13 @@ class Server:
                 # answer remembered by address or identity shows itself here
                 mine = _index(sub["args"][0].get("$tensor") if sub.get("args") and
                               isinstance(sub["args"][0], dict) else None, len(tensors))
-                earlier = tensors[_index(reuse, len(tensors))]
-                if earlier.shape != tensors[mine].shape or earlier.dtype != tensors[mine].dtype:
-                    raise wire.ProtocolError("reuse of a storage of another shape or dtype")
-                earlier.copy_(tensors[mine])
+                earlier, new = tensors[_index(reuse, len(tensors))], tensors[mine]
+                if (earlier.shape, earlier.stride(), earlier.storage_offset(), earlier.dtype) \
+                        != (new.shape, new.stride(), new.storage_offset(), new.dtype):
+                    raise wire.ProtocolError("reuse of a tensor of another layout")
+                n = wire.span_elements(new)
+                torch.as_strided(earlier, (n,), (1,), 0).copy_(
+                    torch.as_strided(new, (n,), (1,), 0))
                 tensors[mine] = earlier
             args, kwargs = _arguments(sub, tensors)
             try:

@@ -26,6 +26,7 @@ PROPERTIES = (
     "permutation_equivariant",
     "mask_zero",
     "batch_independent",
+    "layout_invariant",
     "no_side_effects",
     "simplex",
     "sub_simplex",

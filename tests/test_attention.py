@@ -96,6 +96,8 @@ PLANTED = [
     ("half_accumulation", "attn_low_precision"),
     ("wrong_grad_v", "attn_gradients"),
     ("wrong_default_scale", "attn_reference"),
+    ("assumes_bhld_memory", "attn_reference"),
+    ("first_batch_mask", "attn_bool_mask"),
 ]
 
 
@@ -321,3 +323,10 @@ def test_attention_repro_line_keeps_the_kernels_parameters(capsys):
     err = capsys.readouterr().err
     assert code == 2 and "no parameter 'window'" in err
     assert repro.main(["eager", "attn_reference", "{}", "--params", "[1]"]) == 2
+
+
+def test_a_kernel_assuming_contiguous_heads_fails_on_the_hugging_face_layout():
+    res = _run("assumes_bhld_memory", "attn_reference")
+    recipe = res.counterexample["recipe"]
+    assert recipe["layout"] == "hf", recipe  # contiguous [B, H, L, d] input passes
+    assert res.to_json()["coverage"]["layouts"] == ["contiguous", "transposed", "expanded"]

@@ -11,7 +11,14 @@ Query/key kinds (the embedding settings of the papers, ``Δ = ‖q‖·max‖k�
 Mask kinds: ``none``, ``bool`` (random, every query keeps a key), ``band`` (symmetric window),
 ``window`` (causal sliding window), ``columns`` (keys masked for every query), ``padding``
 (``[B, 1, 1, L_k]`` valid prefix per batch), ``fully_masked`` (some queries see no key),
-``additive`` (finite biases and ``-inf``), ``causal`` (``is_causal=True``).
+``additive`` (finite biases and ``-inf``), ``causal`` (``is_causal=True``), ``batch_bool`` (a
+different random mask per batch element, expanded over the heads with stride 0, as a model
+broadcasts one padding-and-causal mask to every head).
+
+Layouts (the recipe's ``layout``): ``bhld`` (contiguous ``[B, H, L, d]``) or ``hf`` (``q``, ``k``,
+``v`` as transposed views of contiguous ``[B, L, H, d]`` buffers, the Hugging Face layout:
+``x.view(B, L, H, d).transpose(1, 2)``). Lengths cross the block sizes of tiled kernels (64,
+128) with tails, ``L_q ≠ L_k``.
 """
 
 from __future__ import annotations
@@ -24,14 +31,15 @@ from hypothesis import strategies as st
 
 QK_KINDS = ("gaussian", "aligned", "duplicates", "mixed_norms")
 MASK_KINDS = ("none", "bool", "band", "window", "columns", "padding", "fully_masked", "additive",
-              "causal")
+              "causal", "batch_bool")
+LAYOUTS = ("bhld", "hf")
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
           "bfloat16": torch.bfloat16}
 HEAD_DIMS = (4, 8, 16, 32, 64)
 MAGNITUDES = (0.1, 1.0, 3.0, 10.0)
 #: Longest key sequence the generated cases reach (the low-precision battery goes to 4096).
 MAX_KEYS = 1024
-MAX_QUERIES = 64
+MAX_QUERIES = 129
 
 
 class AttnCase(NamedTuple):
@@ -114,6 +122,9 @@ def _mask(r: dict, g: torch.Generator):
         dead = torch.rand(b, h, l_q, 1, generator=g) < 0.4
         dead[0, 0, 0, 0] = True
         return allowed & ~dead, False
+    if kind == "batch_bool":
+        per_batch = _keep_one(torch.rand(b, 1, l_q, l_k, generator=g) < p, g)
+        return per_batch.expand(b, h, l_q, l_k), False
     if kind == "additive":
         bias = torch.randn(b, h, l_q, l_k, generator=g, dtype=torch.float64) * 3
         drop = ~_keep_one(torch.rand(b, h, l_q, l_k, generator=g) < p, g)
@@ -134,6 +145,8 @@ def build(recipe: dict[str, Any]) -> AttnCase:
     scale = None if r["scale"] == "default" else float(r["scale"])
     device = r.get("device", "cpu")
     q, k, v = (t.to(dtype=dtype, device=device) for t in (q, k, v))
+    if r.get("layout", "bhld") == "hf":  # views of [B, L, H, d] buffers
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     if mask is not None:
         mask = mask.to(device)
     return AttnCase(q, k, v, mask, causal, scale, r["h"] != r["h_kv"], r)
@@ -145,8 +158,8 @@ def _lengths(lo: int, hi: int):
     small = st.integers(lo, min(hi, 16))
     if hi <= 16:
         return small
-    big = st.sampled_from([n for n in (31, 33, 40, 64, 127, 128, 129, 257, 512, 1000, 1024,
-                                       2048, 4096) if lo <= n <= hi])
+    big = st.sampled_from([n for n in (31, 33, 40, 63, 64, 65, 127, 128, 129, 255, 257, 512,
+                                       1000, 1023, 1024, 1025, 2048, 4096) if lo <= n <= hi])
     return st.one_of(small, st.integers(lo, hi), big)
 
 
@@ -173,7 +186,7 @@ def recipes(*, dtypes, masks=("none",), max_keys=MAX_KEYS, gqa=False, head_dims=
             "scale": ("default" if scale_mode == "default"
                       else draw(st.sampled_from((0.5, 1.0, 1.0 / math.sqrt(d) * 2)))),
             "positive_v": positive_v, "device": device,
-            "seed": draw(st.integers(0, 2**16)),
+            "seed": draw(st.integers(0, 2**16)), "layout": draw(st.sampled_from(LAYOUTS)),
         }
 
     return draw()

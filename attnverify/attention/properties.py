@@ -22,6 +22,14 @@ GRADIENT_MAX_KEYS = 128
 TILE_TAILS = ({"b": 1, "h": 1, "h_kv": 1, "l_q": 40, "l_k": 40, "d": 16},
               {"b": 2, "h": 2, "h_kv": 2, "l_q": 9, "l_k": 40, "d": 16},
               {"b": 1, "h": 1, "h_kv": 1, "l_q": 129, "l_k": 129, "d": 64})
+#: What models pass: q, k, v as transposed views of [B, L, H, d] (the Hugging Face layout),
+#: L_q ≠ L_k either side of the 64 and 128 blocks, many heads, a different mask per batch
+#: element broadcast over the heads with stride 0.
+MODEL_LAYOUTS = ({"b": 2, "h": 8, "h_kv": 8, "l_q": 65, "l_k": 127, "d": 16, "layout": "hf",
+                  "mask": "batch_bool"},
+                 {"b": 1, "h": 16, "h_kv": 16, "l_q": 129, "l_k": 63, "d": 8, "layout": "hf"},
+                 {"b": 2, "h": 4, "h_kv": 4, "l_q": 63, "l_k": 129, "d": 8, "layout": "hf",
+                  "mask": "padding"})
 
 
 def _a(spec):
@@ -118,11 +126,12 @@ _ALL = [
           "normalizer, matmul) for any mask, scale and GQA setting, within the score-rounding "
           "tolerance", K.check_reference,
           battery=({"d": 16}, {"mask": "bool", "scale": 0.5}, {"mask": "causal", "l_q": 3},
-                   {"h": 4, "h_kv": 2, "mask": "bool"}, *TILE_TAILS)),
+                   {"h": 4, "h_kv": 2, "mask": "bool"}, *TILE_TAILS, *MODEL_LAYOUTS)),
     _prop("attn_bool_mask", "a boolean mask (True = may attend) is honoured: output equals the "
           "reference and keys masked for every query have no influence at all",
-          K.check_mask, masks=("bool", "columns", "band"),
-          battery=({"mask": "bool"}, {"mask": "columns", "l_k": 9}, {"mask": "band"})),
+          K.check_mask, masks=("bool", "columns", "band", "batch_bool"),
+          battery=({"mask": "bool"}, {"mask": "columns", "l_k": 9}, {"mask": "band"},
+                   MODEL_LAYOUTS[0])),
     _prop("attn_additive_mask", "an additive float mask is added to the scores (-inf masks)",
           K.check_mask, masks=("additive",), battery=({"mask": "additive"},)),
     _prop("attn_causal", "is_causal=True is top-left aligned: query i attends keys j ≤ i, "
@@ -151,8 +160,9 @@ _ALL = [
           applies=_needs_gqa, battery=({"h": 4, "h_kv": 2}, {"h": 6, "h_kv": 2, "mask": "bool"})),
     _prop("attn_batch_head_independent", "each (batch, head) computed alone equals it "
           "computed inside a batch of very different slices", K.check_batch_head_independent,
-          masks=("none", "bool", "causal"), applies=_not_alibi, min_batch=2,
-          battery=({"b": 2, "h": 2},)),
+          masks=("none", "bool", "causal", "batch_bool"), applies=_not_alibi, min_batch=2,
+          battery=({"b": 2, "h": 2}, {"b": 2, "h": 3, "h_kv": 3, "l_q": 5, "l_k": 65,
+                                      "layout": "hf", "mask": "batch_bool"})),
     _prop("attn_low_precision", "float16 / bfloat16 outputs match the float64 reference of the "
           "same inputs within the dtype's tolerance plus score rounding", K.check_low_precision,
           masks=("none", "bool", "causal"), dtypes=_low, applies=_needs_low,
@@ -162,7 +172,9 @@ _ALL = [
     _prop("attn_gradients", "gradients w.r.t. q, k and v equal the float64 eager reference's "
           "autograd gradients", K.check_gradients, dtypes=lambda a: _grad_dtype(a),
           applies=_needs_grad, max_keys=GRADIENT_MAX_KEYS, scale=0.3,
-          battery=({"mask": "bool"}, {"mask": "causal", "l_q": 4, "l_k": 6})),
+          battery=({"mask": "bool"}, {"mask": "causal", "l_q": 4, "l_k": 6},
+                   {"b": 2, "h": 4, "h_kv": 4, "l_q": 9, "l_k": 65, "d": 8, "layout": "hf",
+                    "mask": "batch_bool"})),
 ]
 
 ATTENTION_PROPERTIES: dict[str, Property] = {p.id: p for p in _ALL}

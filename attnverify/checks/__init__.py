@@ -88,6 +88,9 @@ _ALL = [
     _rows("batch_independent", "a row's weights do not depend on the other rows of the batch",
           U.check_batch_independent, universal=True, long=False,
           verify=U.verify_batch_independent),
+    _rows("layout_invariant", "the weights of rows given in any rank, axis and memory layout "
+          "(views, slices, stride-0 axes, offsets) equal those of the same rows as one contiguous "
+          "[rows, L] block with dim=-1", U.check_layout_invariant, universal=True, scale=0.5),
     Property(id="no_side_effects", statement="calling the normalizer (forward, backward, "
              "forward mode) leaves grad mode, default dtype and device, deterministic "
              "algorithms, matmul precision, thread count and torch's functions as they were; "

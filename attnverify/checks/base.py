@@ -110,8 +110,10 @@ class NormalizerError(Exception):
         self.input = input if type(input) is torch.Tensor else None  # not inside transforms
 
 
-def call(spec: NormalizerSpec, scores: torch.Tensor, temperature: float | None = None, **kw):
-    """Call the normalizer with its parameters, adding ``temperature`` only where it applies.
+def call(spec: NormalizerSpec, scores: torch.Tensor, temperature: float | None = None, *,
+         dim: int = -1, **kw):
+    """Call the normalizer along ``dim`` with its parameters, adding ``temperature`` only where
+    it applies.
 
     Whatever the normalizer raises comes back as :class:`NormalizerError` (carrying the scores it
     was given as ``input``), so that a fault of the normalizer is told apart from a fault of the
@@ -121,7 +123,7 @@ def call(spec: NormalizerSpec, scores: torch.Tensor, temperature: float | None =
     if temperature is not None and spec.takes_temperature:
         kw["temperature"] = temperature
     try:
-        return spec(scores, dim=-1, **kw)
+        return spec(scores, dim=dim, **kw)
     except (KeyboardInterrupt, WorkerFailed, Violation):
         raise
     except BaseException as exc:  # noqa: BLE001 - SystemExit, GeneratorExit, … fail the property
@@ -129,34 +131,54 @@ def call(spec: NormalizerSpec, scores: torch.Tensor, temperature: float | None =
 
 
 def call_many(spec: NormalizerSpec, inputs: list, temperature: float | None = None, *,
-              reuse: dict | None = None, **kw) -> list:
-    """:func:`call` on each of ``inputs`` (same temperature and parameters), in order: one
-    request to the worker where the normalizer runs behind the process boundary, else one call
-    each. ``reuse`` ``{i: j}``: call ``i`` gets its values in the tensor call ``j`` was given (the
-    same storage and address). A raise is :class:`NormalizerError` carrying the input that
-    raised."""
+              dim: int = -1, reuse: dict | None = None, **kw) -> list:
+    """:func:`call` on each of ``inputs`` (same temperature, parameters and ``dim``), in order:
+    one request to the worker where the normalizer runs behind the process boundary, else one
+    call each. ``reuse`` ``{i: j}``: call ``i`` gets its values in the tensor call ``j`` was
+    given (the same storage and address; the two have the same layout). A raise is
+    :class:`NormalizerError` carrying the input that raised."""
     many = getattr(getattr(spec, "fn", None), "many", None)
     if many is None or any(t.requires_grad for t in inputs):
         given: list = []
         out = []
         for i, t in enumerate(inputs):
-            if reuse and i in reuse:
-                t = given[reuse[i]].copy_(t)
-            else:
-                t = t.clone()
+            t = _into(given[reuse[i]], t) if reuse and i in reuse else _copy(t)
             given.append(t)
-            out.append(call(spec, t, temperature, **kw))
+            out.append(call(spec, t, temperature, dim=dim, **kw))
         return out
     if temperature is not None and spec.takes_temperature:
         kw["temperature"] = temperature
     try:
-        return many(list(inputs), dim=-1, reuse=reuse, **{**spec.params, **kw})
+        return many(list(inputs), dim=dim, reuse=reuse, **{**spec.params, **kw})
     except (KeyboardInterrupt, WorkerFailed, Violation):
         raise
     except BaseException as exc:  # noqa: BLE001 - the normalizer's fault, with its input
         index = getattr(exc, "index", None)
         failed = inputs[index] if isinstance(index, int) and 0 <= index < len(inputs) else None
         raise NormalizerError(exc, input=failed) from exc
+
+
+def _span(t: torch.Tensor) -> torch.Tensor:
+    """The 1-D view of ``t``'s storage from element 0 to the last element ``t`` reaches."""
+    n = 0 if t.numel() == 0 else t.storage_offset() + sum(
+        (size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1
+    return torch.as_strided(t, (n,), (1,), 0)
+
+
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in new storage with the same sizes, strides and storage offset."""
+    span = _span(t.detach())
+    fresh = span.clone()
+    return torch.as_strided(fresh, t.shape, t.stride(), t.storage_offset() if span.numel()
+                            else 0)
+
+
+def _into(earlier: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``earlier`` holding ``t``'s storage bytes (the same layout): the same tensor, new
+    values."""
+    with torch.no_grad():
+        _span(earlier).copy_(_span(t.detach()))
+    return earlier
 
 
 def monitor_of(spec):

@@ -5,6 +5,7 @@ defect is found under the ci profile whatever the random draws do).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 import torch
@@ -12,9 +13,17 @@ from hypothesis import strategies as st
 
 from attnverify import strategies as S
 from attnverify.checks.base import Context
+from attnverify.checks.layout import space_of
 from attnverify.registry import NormalizerSpec
+from attnverify.strategies import layouts as LY
+from attnverify.strategies.layouts import Layout
+from attnverify.strategies.rows import _draw_row_scale, _kind_bounds
 
 F64 = torch.float64
+
+# Every case keeps its scores as canonical [R, L] rows; ``layout`` says how the normalizer is given
+# them (rank, axis, memory layout; ``None``: the contiguous [R, L] block with dim=-1). See
+# attnverify/strategies/layouts.py and attnverify/checks/layout.py.
 
 
 class RowCase(NamedTuple):
@@ -22,6 +31,7 @@ class RowCase(NamedTuple):
     temperature: float | None
     kind: str
     seed: int
+    layout: Layout | None = None
 
 
 class BoundedCase(NamedTuple):
@@ -30,6 +40,7 @@ class BoundedCase(NamedTuple):
     a: float
     kind: str
     seed: int
+    layout: Layout | None = None
 
 
 class QueryKeyCase(NamedTuple):
@@ -38,6 +49,7 @@ class QueryKeyCase(NamedTuple):
     delta: torch.Tensor  # [batch]
     kind: str
     seed: int
+    layout: Layout | None = None
 
 
 class EmbeddingCase(NamedTuple):
@@ -49,6 +61,7 @@ class EmbeddingCase(NamedTuple):
     delta: float
     kind: str
     seed: int
+    layout: Layout | None = None
 
 
 class JacobianCase(NamedTuple):
@@ -57,12 +70,14 @@ class JacobianCase(NamedTuple):
     eps: float
     kind: str
     seed: int
+    layout: Layout | None = None
 
 
 class PeakCase(NamedTuple):
     a: float
     temperature: float | None
     seed: int
+    layout: Layout | None = None  # of the one-row peaks the check builds
 
 
 #: Every case type, by name (how a repro names the case it rebuilds).
@@ -101,49 +116,130 @@ def _kinds(spec, kinds, allow_mask) -> tuple[str, ...]:
     return kinds
 
 
+#: Most entries (rows × row length) one generated case holds: many rows come with short rows.
+#: Below torch's parallel grain (32768 elements): an op on more starts OpenMP threads, which on
+#: a busy machine costs milliseconds per op.
+ELEMENTS = 1 << 14
+# Strategies built once: building one inside a draw costs more than the draw (Hypothesis
+# inspects it).
+_SCALES = S.scales()
+_SEEDS = st.integers(0, 2**32 - 1)
+
+
+@lru_cache(maxsize=256)
+def _choices(values: tuple) -> st.SearchStrategy:
+    return st.sampled_from(values)
+#: Most rows a generated case holds (a tail of :data:`attnverify.strategies.layouts.ROW_TAILS`).
+MANY_ROWS = 4097
+
+
 def row_cases(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None, max_length=None,
-              min_batch=1):
+              min_batch=1, many=True):
+    """Rows of the adversarial kinds in every layout ``spec`` takes: 1–4 rows, or (one case in
+    eight, ``many``) a row count just past a chunk boundary up to :data:`MANY_ROWS`; lengths
+    that cross powers of two; any rank, axis and memory layout."""
     kinds = _kinds(spec, kinds, allow_mask)
-    return st.builds(
-        _row_case,
-        S.logit_rows(
-            min_length=1,
-            max_length=max_length or ctx.max_length,
-            batch=st.integers(min_batch, 4),
-            dtypes=dtypes or ctx.full_dtypes,
-            kinds=kinds,
-            allow_mask=allow_mask,
-            device=ctx.device,
-        ),
-        _temperature(spec, ctx),
-    )
+    options = (kinds, tuple(dtypes or ctx.full_dtypes), max_length or ctx.max_length,
+               min_batch, MANY_ROWS if many else 4, space_of(spec), ctx.device)
+    return _row_cases(options, _temperature(spec, ctx))
 
 
-def _row_case(rows, temperature) -> RowCase:
-    return RowCase(rows.scores, temperature, rows.kind, rows.seed)
+@st.composite
+def _row_cases(draw, options, temperature) -> RowCase:
+    kinds, dtypes, max_length, min_batch, many, space, device = options
+    kind = draw(_choices(kinds))
+    dtype = draw(_choices(dtypes))
+    fewest = max(min_batch, 2 if kind == "mixed_scale" else 1)
+    rows = draw(LY.row_counts(min_rows=fewest, max_rows=max(fewest, 4), many=many))
+    lo, hi = _kind_bounds(kind, 1, max_length)
+    length = LY.block_length(draw, lo, max(lo, min(hi, ELEMENTS // rows)))
+    scale = _draw_row_scale(draw, kind, _SCALES, dtype, None)
+    seed = draw(_SEEDS)
+    built = S.build_rows(kind, length=length, batch=rows, dtype=dtype, scale=scale, seed=seed,
+                         device=device)
+    layout = LY.draw_layout(draw, rows, length, space)
+    return RowCase(built.scores, draw(temperature), kind, seed, layout)
+
+
+#: The layouts of the explicit cases, in turn: ``(kind, rank, axis from the end, positive
+#: spelling, detail)`` for :func:`attnverify.strategies.layouts.build_layout`.
+BATTERY_LAYOUTS = (
+    ("contiguous", 2, -1, False, 0),
+    ("transposed", 2, -1, False, 0),
+    ("contiguous", 3, -2, True, 1),
+    ("permuted", 4, -1, False, 3),
+    ("strided", 2, -2, False, 0),
+    ("expanded", 4, -1, False, 1),
+    ("offset", 1, -1, True, 2),
+    ("transposed", 4, -3, True, 1),
+    ("strided", 3, -1, False, 5),
+    ("contiguous", 4, -4, False, 0),
+)
+#: Rows of an explicit case (one row where its layout has rank 1).
+BATTERY_ROWS = 4
+#: Row counts of the explicit many-row cases: one past and one short of every chunk boundary.
+BATTERY_MANY_ROWS = (4097, 3071)
+
+
+def battery_layout(spec, rows: int, length: int, index: int) -> Layout:
+    """The ``index``-th layout of :data:`BATTERY_LAYOUTS` for ``rows`` × ``length``, within
+    what ``spec`` takes."""
+    kind, rank, from_end, positive, detail = BATTERY_LAYOUTS[index % len(BATTERY_LAYOUTS)]
+    return LY.build_layout(rows, length, rank=rank, from_end=from_end, positive=positive,
+                           kind=kind, detail=detail, space=space_of(spec))
+
+
+@lru_cache(maxsize=16)
+def _many_rows(kind: str, length: int, rows: int, dtype, seed: int, device: str):
+    return S.build_rows(kind, length=length, batch=rows, dtype=dtype, seed=seed,
+                        device=device).scores
+
+
+def many_rows_battery(spec, ctx: Context, *, kinds, dtype, temperature) -> list[RowCase]:
+    """The explicit many-row cases (built once per process, copied per case): 4097 and 3071
+    rows of a few keys, given as a contiguous rank-3 tensor."""
+    out = []
+    for i, rows in enumerate(BATTERY_MANY_ROWS):
+        kind = "masked" if i and "masked" in kinds else "gaussian"
+        length = 7 if i == 0 else 5  # under torch's parallel grain (see ELEMENTS)
+        scores = _many_rows(kind, length, rows, dtype, 17 + i, str(ctx.device)).clone()
+        layout = LY.build_layout(rows, length, rank=3, kind="contiguous", detail=i,
+                                 space=space_of(spec))
+        out.append(RowCase(scores, temperature, kind, 17 + i, layout))
+    return out
 
 
 def row_battery(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None,
-                min_batch=1, long=True) -> list[RowCase]:
-    """One explicit case per adversarial kind and dtype, a low-temperature one and a long row."""
+                min_batch=1, long=True, many=True) -> list[RowCase]:
+    """One explicit case per adversarial kind and dtype (:data:`BATTERY_ROWS` rows, each in the
+    next layout of :data:`BATTERY_LAYOUTS`), a low-temperature one, a long row and (``many``)
+    the many-row cases."""
     kinds = _kinds(spec, kinds, allow_mask)
     dtypes = tuple(dtypes or ctx.full_dtypes)
+    t = battery_temperature(spec, ctx)
     out = []
     for dtype in dtypes:
         for kind in kinds:
             length = 1 if kind == "single" else 9
-            rows = S.build_rows(kind, length=length, batch=max(3, min_batch), dtype=dtype,
-                                seed=7, device=ctx.device)
-            out.append(RowCase(rows.scores, battery_temperature(spec, ctx), kind, 7))
+            rank = BATTERY_LAYOUTS[len(out) % len(BATTERY_LAYOUTS)][1]
+            count = 1 if rank == 1 and min_batch <= 1 and kind != "mixed_scale" else \
+                max(BATTERY_ROWS, min_batch)
+            rows = S.build_rows(kind, length=length, batch=count, dtype=dtype, seed=7,
+                                device=ctx.device)
+            layout = battery_layout(spec, rows.batch, length, len(out))
+            out.append(RowCase(rows.scores, t, kind, 7, layout))
     if spec.takes_temperature and ctx.temperature is None:
         rows = S.build_rows("gaussian", length=12, batch=2, dtype=dtypes[0], scale=3.0, seed=11,
                             device=ctx.device)
-        out.append(RowCase(rows.scores, 1e-3, "gaussian", 11))
+        out.append(RowCase(rows.scores, 1e-3, "gaussian", 11,
+                           battery_layout(spec, 2, 12, len(out))))
     if long:
         length = min(ctx.max_length, 4096)
         rows = S.build_rows("gaussian", length=length, batch=max(2, min_batch), dtype=dtypes[0],
                             seed=13, device=ctx.device)
-        out.append(RowCase(rows.scores, battery_temperature(spec, ctx), "gaussian", 13))
+        out.append(RowCase(rows.scores, t, "gaussian", 13, None))
+    if many:
+        out += many_rows_battery(spec, ctx, kinds=kinds, dtype=dtypes[0], temperature=t)
     return out
 
 
@@ -151,28 +247,41 @@ def row_battery(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None,
 # Lemma 1 / Corollary 1 / length awareness
 
 
+@st.composite
+def _with_layout(draw, records, spec, make):
+    """A record of ``records`` with a layout of its rows (within what ``spec`` takes), made into
+    a case by ``make(record, layout, draw)``."""
+    record = draw(records)
+    rows, length = record[0].shape if record[0].dim() == 2 else (1, record[0].shape[-1])
+    return make(record, LY.draw_layout(draw, rows, length, space_of(spec)), draw)
+
+
 def bounded_cases(spec, ctx: Context):
-    return st.builds(
-        lambda rows, t: BoundedCase(rows.scores, t, rows.a, rows.kind, rows.seed),
-        S.bounded_rows(max_length=min(ctx.max_length, 4096), dtypes=(F64,), device=ctx.device),
-        _temperature(spec, ctx, low=0.05),
-    )
+    t = _temperature(spec, ctx, low=0.05)
+    rows = S.bounded_rows(max_length=min(ctx.max_length, 4096), dtypes=(F64,), device=ctx.device)
+    return _with_layout(rows, spec, lambda r, lay, draw: BoundedCase(
+        r.scores, draw(t), r.a, r.kind, r.seed, lay))
 
 
 def query_key_cases(spec, ctx: Context):
-    return st.builds(
-        lambda qk, t: QueryKeyCase(qk.logits, t, qk.delta, qk.kind, qk.seed),
-        S.query_key_sets(max_length=min(ctx.max_length, 4096), dtypes=(F64,), device=ctx.device),
-        _temperature(spec, ctx, low=0.05),
-    )
+    t = _temperature(spec, ctx, low=0.05)
+    sets = S.query_key_sets(max_length=min(ctx.max_length, 4096), dtypes=(F64,),
+                            device=ctx.device)
+    return _with_layout(sets, spec, lambda qk, lay, draw: QueryKeyCase(
+        qk.logits, draw(t), qk.delta, qk.kind, qk.seed, lay))
 
 
-def peak_cases(spec, ctx: Context):
+_MARGINS = st.floats(0.5, 4.0)
+
+
+@st.composite
+def peak_cases(draw, spec, ctx: Context):
     """Margins a ∈ [0.5, 4] at the normalizer's own parameters (temperature not varied, unless
-    fixed)."""
-    t = st.just(ctx.temperature) if ctx.temperature is not None and spec.takes_temperature \
-        else st.none()
-    return st.builds(PeakCase, st.floats(0.5, 4.0), t, st.integers(0, 2**16))
+    fixed); the one-row peaks the check builds get a drawn layout."""
+    t = ctx.temperature if ctx.temperature is not None and spec.takes_temperature else None
+    a = draw(_MARGINS)
+    seed = draw(LY.ints(0, 2**16))
+    return PeakCase(a, t, seed, LY.draw_layout(draw, 1, 16, space_of(spec)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,6 +290,9 @@ def peak_cases(spec, ctx: Context):
 
 EMBEDDING_MAX_LENGTH = 256
 RANDOM_TOPN_MAX_LENGTH = 10
+#: Logit kinds of the row paired with the embeddings (no masks, no huge logits).
+EMBEDDING_ROW_KINDS = ("gaussian", "uniform_bounded", "exact_ties", "two_way_tie", "near_ties",
+                       "one_hot_like")
 
 
 @st.composite
@@ -192,13 +304,16 @@ def embedding_cases(draw, spec, ctx: Context, *, sphere=False, max_length=EMBEDD
         emb = draw(S.embedding_sets(max_length=max_length, dtypes=(F64,), device=ctx.device))
         x, radius, delta, kind = emb.x, 0.0, 0.0, emb.kind
     length = x.shape[-2]
-    rows = draw(S.logit_rows(min_length=length, max_length=length, batch=1, dtypes=(F64,),
-                             allow_mask=False, device=ctx.device,
-                             kinds=("gaussian", "uniform_bounded", "exact_ties", "two_way_tie",
-                                    "near_ties", "one_hot_like")))
+    row_kind = draw(_choices(tuple(k for k in EMBEDDING_ROW_KINDS
+                                   if _kind_bounds(k, length, length)[0] <= length)))
+    scale = _draw_row_scale(draw, row_kind, _SCALES, F64, None)
+    seed = draw(_SEEDS)
+    rows = S.build_rows(row_kind, length=length, batch=1, dtype=F64, scale=scale, seed=seed,
+                        device=ctx.device)
     t = draw(_temperature(spec, ctx, low=0.05))
-    return EmbeddingCase(rows.scores, x, emb.n_top, t, radius, delta, f"{kind}/{rows.kind}",
-                         rows.seed)
+    layout = LY.draw_layout(draw, 1, length, space_of(spec))
+    return EmbeddingCase(rows.scores, x, emb.n_top, t, radius, delta, f"{kind}/{row_kind}",
+                         seed, layout)
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,24 +327,25 @@ FD_EPSILONS = (1e-3, 1e-1, 10.0)
 
 
 def jacobian_cases(spec, ctx: Context, *, max_length=JACOBIAN_MAX_LENGTH):
-    return st.builds(
-        lambda rows, t, eps: JacobianCase(rows.scores, t, eps, rows.kind, rows.seed),
-        S.logit_rows(min_length=1, max_length=min(ctx.max_length, max_length), batch=1,
-                     dtypes=(F64,), kinds=JACOBIAN_KINDS, allow_mask=False, device=ctx.device),
-        _temperature(spec, ctx, low=0.01),
-        st.sampled_from(FD_EPSILONS),
-    )
+    t = _temperature(spec, ctx, low=0.01)
+    rows = S.logit_rows(min_length=1, max_length=min(ctx.max_length, max_length), batch=1,
+                        dtypes=(F64,), kinds=JACOBIAN_KINDS, allow_mask=False, device=ctx.device)
+    eps = st.sampled_from(FD_EPSILONS)
+    return _with_layout(rows, spec, lambda r, lay, draw: JacobianCase(
+        r.scores, draw(t), draw(eps), r.kind, r.seed, lay))
 
 
 def jacobian_battery(spec, ctx: Context) -> list[JacobianCase]:
-    """The two-way tie (Corollary 3's witness), the uniform row and a Gaussian row."""
+    """The two-way tie (Corollary 3's witness), the uniform row and a Gaussian row, each in the
+    next layout of :data:`BATTERY_LAYOUTS`."""
     t = battery_temperature(spec, ctx)
     out = []
     for kind, length in (("two_way_tie", 2), ("two_way_tie", 6), ("exact_ties", 5),
                          ("gaussian", 16)):
         rows = S.build_rows(kind, length=length, batch=1, dtype=F64, seed=3, device=ctx.device)
         for eps in (FD_EPSILONS[0], FD_EPSILONS[-1]):
-            out.append(JacobianCase(rows.scores, t, eps, kind, 3))
+            layout = battery_layout(spec, 1, length, len(out))
+            out.append(JacobianCase(rows.scores, t, eps, kind, 3, layout))
     return out
 
 

@@ -2,7 +2,9 @@
 
 Every bound on the Jacobian holds for a *wrong* backward that is smaller than the true one (a
 halved gradient keeps ‖J‖₂ ≤ 1/(2T)), so the derivatives are compared with the function itself,
-in float64, on short rows (masked keys included) at the case's temperature:
+in float64, on short rows (masked keys included) at the case's temperature, the rows given in
+the case's layout (rank, axis, view, slice, expanded axis, offset: a backward wrong only on a
+view is caught):
 
 - **reverse mode** ``⟨Jᵀu, v⟩`` (one ``backward`` with a random cotangent ``u``) against the
   **central difference** ``⟨u, (f(z + hv) − f(z − hv)) / 2h⟩`` along a random direction ``v``
@@ -38,6 +40,7 @@ from torch import Tensor
 
 from attnverify.checks import cases as C
 from attnverify.checks.base import NormalizerError, Violation, as_float64, call
+from attnverify.checks.layout import case_weights
 
 F64 = torch.float64
 NEG_INF = float("-inf")
@@ -204,10 +207,16 @@ def _grad(out: Tensor, wrt: Tensor, cotangent: Tensor, **kw) -> Tensor:
 # gradient
 
 
+def _row_map(spec, case):
+    """``[R, L]`` rows ↦ their weights, the rows given in the case's layout (every copy of an
+    expanded axis reached: their mean), so that a derivative wrong only on a view is seen."""
+    return lambda x: case_weights(spec, case, x, copies="mean")
+
+
 def check_gradient(spec, case, ctx) -> float:
     """Reverse mode (and forward mode where it exists) against smooth central differences."""
     z = case.scores.detach().to(F64)
-    f = lambda x: call(spec, x, case.temperature)  # noqa: E731
+    f = _row_map(spec, case)
     u, v = _directions(z, case.seed, 2)
     with torch.enable_grad():
         zz = z.clone().requires_grad_(True)
@@ -291,7 +300,7 @@ def _compare(rev: Tensor, fwd: Tensor | None, diff: Difference, *, scale: Tensor
 def check_double_backward(spec, case, ctx) -> float:
     """Grad of grad works and matches central differences of the gradient."""
     z = case.scores.detach().to(F64)
-    f = lambda x: call(spec, x, case.temperature)  # noqa: E731
+    f = _row_map(spec, case)
     u, v, w = _directions(z, case.seed, 3)
     with torch.enable_grad():
         zz = z.clone().requires_grad_(True)

@@ -10,14 +10,16 @@ import math
 import torch
 
 from attnverify import bounds, jacobian
-from attnverify.checks.base import Violation, as_float64, call
+from attnverify.checks.base import Violation, as_float64
+from attnverify.checks.layout import case_weights
 from attnverify.tolerances import tol_for
 
 F64 = torch.float64
 
 
 def _weights(spec, case) -> torch.Tensor:
-    return as_float64(call(spec, case.scores, case.temperature))
+    """The case's weights, its rows given in its layout."""
+    return as_float64(case_weights(spec, case))
 
 
 def _t(case) -> float:
@@ -97,7 +99,7 @@ def check_length_aware(spec, case, ctx) -> float:
     growth = []
     for length in (short, long_):
         row = bounds.fixed_margin_peak(length, case.a).unsqueeze(0)
-        w = as_float64(call(spec, row, case.temperature))[0, 0]
+        w = as_float64(case_weights(spec, case, row))[0, 0]
         growth.append(length * float(w))
     need = (long_ / short) ** LENGTH_AWARE_EXPONENT
     got = growth[1] / growth[0]
@@ -156,7 +158,8 @@ def check_thm2_upper(spec, case, ctx) -> float:
 
 
 def _row_map(spec, case):
-    return lambda z: call(spec, z, case.temperature)
+    """Rows ↦ weights, the rows given in the case's layout (expanded copies: their mean)."""
+    return lambda z: case_weights(spec, case, z, copies="mean")
 
 
 def _spectral(spec, case) -> torch.Tensor:

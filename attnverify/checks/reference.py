@@ -2,8 +2,9 @@
 
 Every output-space and invariance property holds for a different function with the same output
 space (a mis-scaled temperature, a constant added in the wrong place, an ignored parameter).
-This check compares the weights with a *reference* evaluated in float64 on the same scores
-(rounded to the case's dtype first), at the same temperature and parameters, within the
+This check compares the weights (of the rows given in the case's layout) with a *reference*
+evaluated in float64 on the same scores as one contiguous block (rounded to the case's dtype
+first), at the same temperature and parameters, within the
 tolerance of the case's dtype. Where the reference comes from, in order:
 
 1. ``spec.reference``: a callable ``ref(scores, dim=-1, **params)``, a :class:`NormalizerSpec`
@@ -31,12 +32,13 @@ from attnverify.checks import cases as C
 from attnverify.checks.base import (
     NormalizerError,
     Violation,
+    _diff_allowed,
     as_float64,
-    call,
     close_mask,
     describe_dtype,
     mismatch_message,
 )
+from attnverify.checks.layout import case_weights
 from attnverify.spec import NormalizerSpec, normalizer_spec
 
 F64 = torch.float64
@@ -186,7 +188,7 @@ def check_matches_reference(spec, case, ctx) -> float:
     """Weights within the dtype's tolerance of the float64 reference on the same scores."""
     ref = reference_spec(spec)
     scores, dtype = case.scores, case.scores.dtype
-    got = as_float64(call(spec, scores, case.temperature))
+    got = as_float64(case_weights(spec, case))
     want = evaluate_reference(spec, ref, scores, case.temperature)
     if want.shape != got.shape:
         raise Violation(f"the reference returned shape {tuple(want.shape)}, the normalizer "
@@ -210,8 +212,8 @@ def check_matches_reference(spec, case, ctx) -> float:
 
 
 def _worst_row(got, want, dtype) -> int:
-    ratios = [close_mask(got[r:r + 1], want[r:r + 1], dtype)[1] for r in range(len(got))]
-    return max(range(len(ratios)), key=lambda r: ratios[r])
+    diff, allowed = _diff_allowed(got, want, dtype, 1.0)
+    return int((diff / allowed).nan_to_num(math.inf).amax(-1).argmax())
 
 
 def _short(row: torch.Tensor, limit: int = 6) -> str:

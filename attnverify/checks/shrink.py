@@ -6,13 +6,23 @@ input a check built from a shrunk row (a row with keys masked, a batch around it
 property each time and keeping a candidate only if it fails in the same way (a violation stays a
 violation, a raise stays a raise):
 
-1. fewest rows: drop rows (with any per-row field such as ``delta``);
-2. fewest keys: drop blocks of keys, halving the block size down to single keys (masked keys are
-   dropped only when the failure survives, so a mask the failure needs is kept);
-3. simplest values: each finite score to 0, else truncated to an integer, else to one significant
-   digit (always towards 0, so a bound such as ``|l| ≤ a`` still holds); ``-inf``, ``inf`` and
-   NaN stay;
-4. temperature 1 when the case drew one (not when ``--params`` fixed it).
+1. simplest layout (:mod:`attnverify.strategies.layouts`): the contiguous ``[R, L]`` block with
+   ``dim=-1``, else the same kind of view at rank 2 (then 3), else one feature less at a time
+   (no storage offset, no slice step, no expanded axis, no view, the last axis, the negative
+   spelling of ``dim``); a candidate is tried only when it is simpler than the current layout;
+2. fewest rows: keep only the first rows (1, 2, 3, 4, then either side of each power of two),
+   so a failure that needs a chunk and its tail (65 of 3071 rows) gets there in a dozen checks;
+   then drop blocks of rows, halving the block size (with any per-row field such as ``delta``),
+   down to a sixteenth of the rows first, to single rows after the keys;
+3. fewest keys: drop blocks of keys likewise (masked keys are dropped only when the failure
+   survives, so a mask the failure needs is kept);
+4. simplest values: every score to 0 at once (masked keys too, when the failure does not need
+   them), else every finite one, else row by row, then each finite score to 0, else truncated
+   to an integer, else to one significant digit (always towards 0, so a bound such as
+   ``|l| ≤ a`` still holds); otherwise ``-inf``, ``inf`` and NaN stay;
+5. temperature 1 when the case drew one (not when ``--params`` fixed it).
+
+A case's layout follows its rows: dropping rows or keys fits it to the new row count and length.
 
 A candidate stays in the property's domain: it never makes a row fully masked when the failing
 case had no fully masked row (dropping the live keys of ``[[0, -inf]]`` would otherwise "shrink"
@@ -21,7 +31,7 @@ a masking bug into an all-masked row, which a normalizer need not handle).
 The passes repeat while one makes progress, within :data:`MAX_CHECKS` re-checks (the budget that
 binds in practice, so the shrunk case is the same on every machine) and :data:`BUDGET_S` seconds
 (a safety net for slow normalizers). Cases with tensors tied to the keys other than the scores
-(embeddings) are returned unchanged.
+(embeddings) only get the simplest layout.
 """
 
 from __future__ import annotations
@@ -34,8 +44,12 @@ from typing import Any
 import torch
 
 from attnverify.checks.base import NormalizerError, Violation
+from attnverify.strategies.layouts import Layout, build_layout, plain
 
 MAX_CHECKS = 400
+#: Row counts :meth:`_Search.first_rows` tries, fewest first: a few, then either side of every
+#: power of two up to 4096 (chunk boundaries).
+ROW_LADDER = tuple(sorted({1, 2, 3, 4} | {2**k + d for k in range(3, 13) for d in (-1, 0, 1)}))
 BUDGET_S = 30.0
 #: Case fields indexed by row (dropped with their row).
 ROW_FIELDS = ("delta",)
@@ -58,13 +72,21 @@ def shrinkable(case: Any) -> bool:
             and not any(f in fields for f in KEY_FIELDS))
 
 
+def _has_layout(case: Any) -> bool:
+    return isinstance(getattr(case, "layout", None), Layout) and \
+        isinstance(getattr(case, "scores", None), torch.Tensor) and case.scores.dim() == 2
+
+
 def shrink(recheck: Callable[[Any], Any], case: Any, exc: BaseException, *,
            vary_temperature: bool = True) -> tuple[Any, BaseException]:
     """The smallest case found that fails ``recheck`` like ``exc``, and its exception."""
     kind = _kind(exc)
-    if kind is None or not shrinkable(case):
+    if kind is None or not (shrinkable(case) or _has_layout(case)):
         return case, exc
     search = _Search(recheck, kind, case, exc)
+    if not shrinkable(case):
+        search.simplify_layout()
+        return search.case, search.exc
     while search.progress():
         pass
     if vary_temperature:
@@ -101,17 +123,51 @@ class _Search:
 
     def progress(self) -> bool:
         before = self.checks
-        changed = self.drop_rows() | self.drop_keys() | self.simplify()
+        rows = self.case.scores.shape[0]
+        changed = self.simplify_layout() | self.drop_rows(fewest=max(1, rows // 16))
+        changed |= self.drop_keys() | self.drop_rows() | self.simplify()
         return changed and self.checks > before and not self.exhausted()
 
-    def drop_rows(self) -> bool:
-        changed, r = False, 0
-        while self.case.scores.shape[0] > 1 and r < self.case.scores.shape[0]:
-            keep = [i for i in range(self.case.scores.shape[0]) if i != r]
-            if self.attempt(_take_rows(self.case, keep)):
-                changed = True
+    def simplify_layout(self) -> bool:
+        """The simplest layout that still fails (see the module docstring)."""
+        changed = False
+        layout = getattr(self.case, "layout", None)
+        while isinstance(layout, Layout) and not self.exhausted():
+            for candidate in simpler_layouts(layout):
+                if self.attempt(self.case._replace(layout=candidate)):
+                    changed, layout = True, candidate
+                    break
             else:
-                r += 1
+                break
+        return changed
+
+    def first_rows(self) -> bool:
+        """Keep only the first ``n`` rows, for the smallest ``n`` of :data:`ROW_LADDER` that
+        still fails (a failure that needs a chunk and a tail, 65 rows of 3071, in a dozen
+        checks)."""
+        count = self.case.scores.shape[0]
+        for n in ROW_LADDER:
+            if n >= count or self.exhausted():
+                return False
+            if self.attempt(_take_rows(self.case, list(range(n)))):
+                return True
+        return False
+
+    def drop_rows(self, fewest: int = 1) -> bool:
+        """Keep the first rows (:meth:`first_rows`), then drop blocks of rows, halving the block
+        down to ``fewest`` rows."""
+        changed = self.first_rows()
+        size = max(self.case.scores.shape[0] // 2, 1)
+        while size >= fewest and not self.exhausted():
+            start = 0
+            while start < self.case.scores.shape[0] and self.case.scores.shape[0] > 1:
+                count = self.case.scores.shape[0]
+                keep = [i for i in range(count) if not start <= i < start + size]
+                if keep and self.attempt(_take_rows(self.case, keep)):
+                    changed = True
+                else:
+                    start += size
+            size //= 2
         return changed
 
     def drop_keys(self) -> bool:
@@ -130,7 +186,18 @@ class _Search:
         return changed
 
     def simplify(self) -> bool:
-        changed = False
+        """Every score to 0 at once (masks included), else every finite one, else row by row
+        (when there are several), then each score to a simpler value."""
+        scores = self.case.scores
+        masked = scores == float("-inf")
+        changed = bool(masked.any()) and self.attempt(
+            self.case._replace(scores=torch.zeros_like(scores)))
+        changed = changed or self.zero(torch.ones_like(self.case.scores, dtype=torch.bool))
+        if not changed and self.case.scores.shape[0] > 1:
+            for r in range(self.case.scores.shape[0]):
+                rows = torch.zeros_like(self.case.scores, dtype=torch.bool)
+                rows[r] = True
+                changed |= self.zero(rows)
         for index in range(self.case.scores.numel()):
             value = float(self.case.scores.flatten()[index])
             if not math.isfinite(value):
@@ -140,6 +207,15 @@ class _Search:
                     changed = True
                     break
         return changed
+
+
+    def zero(self, where: torch.Tensor) -> bool:
+        """Set the finite nonzero scores in ``where`` to 0, if that still fails."""
+        scores = self.case.scores
+        where = where & torch.isfinite(scores) & (scores != 0)
+        if not bool(where.any()):
+            return False
+        return self.attempt(self.case._replace(scores=scores.masked_fill(where, 0.0)))
 
 
 def _fully_masked_rows(scores: torch.Tensor) -> torch.Tensor:
@@ -165,9 +241,18 @@ def _one_digit(value: float) -> float:
     return float(f"{digit}e{exponent}")
 
 
+def _refit(case, scores: torch.Tensor) -> dict[str, Any]:
+    """``scores`` and the case's layout fitted to them."""
+    layout = getattr(case, "layout", None)
+    out: dict[str, Any] = {"scores": scores}
+    if isinstance(layout, Layout):
+        out["layout"] = layout.fit(*scores.shape)
+    return out
+
+
 def _take_rows(case, rows: list[int]):
     index = torch.tensor(rows, device=case.scores.device)
-    out = {"scores": case.scores.index_select(0, index)}
+    out = _refit(case, case.scores.index_select(0, index))
     for name in ROW_FIELDS:
         value = getattr(case, name, None)
         if isinstance(value, torch.Tensor) and value.dim() >= 1:
@@ -177,7 +262,60 @@ def _take_rows(case, rows: list[int]):
 
 def _take_keys(case, keys: list[int]):
     index = torch.tensor(keys, device=case.scores.device)
-    return case._replace(scores=case.scores.index_select(-1, index))
+    return case._replace(**_refit(case, case.scores.index_select(-1, index)))
+
+
+def _complexity(layout: Layout) -> tuple:
+    """How far ``layout`` is from the contiguous ``[R, L]`` block with ``dim=-1`` (smaller is
+    simpler): its kinds, rank (2 first), axis, spelling, offset, steps, copies."""
+    views = sum(1 for k in layout.kinds if k != "contiguous")
+    return (views, (layout.rank != 2, layout.rank), -layout.from_end, layout.dim >= 0,
+            layout.offset, max(layout.step), layout.copies, layout.sizes)
+
+
+def simpler_layouts(layout: Layout) -> list[Layout]:
+    """Candidates simpler than ``layout`` (:func:`_complexity`), simplest first."""
+    rows, length = layout.rows, layout.length
+    out = [plain(rows, length)]
+    for kind in layout.kinds:
+        for rank in (2, 3):
+            for from_end in dict.fromkeys((-1, max(layout.from_end, -rank))):
+                for positive in dict.fromkeys((False, layout.dim >= 0)):
+                    out.append(build_layout(rows, length, rank=rank, from_end=from_end,
+                                            positive=positive, kind=kind))
+    rank = layout.rank
+    if layout.offset:
+        out += [layout._replace(offset=0), layout._replace(offset=1)]
+    if max(layout.step) > 1:
+        out.append(layout._replace(step=(1,) * rank))
+        out.append(layout._replace(step=tuple(min(s, 2) for s in layout.step)))
+    if layout.expand:
+        sizes = tuple(1 if a in layout.expand else s for a, s in enumerate(layout.sizes))
+        out.append(layout._replace(sizes=sizes, expand=()))
+        sizes = tuple(min(s, 2) if a in layout.expand else s for a, s in enumerate(layout.sizes))
+        out.append(layout._replace(sizes=sizes))
+    if layout.order != tuple(range(rank)):
+        out.append(layout._replace(order=tuple(range(rank))))
+    if layout.axis != rank - 1:
+        out.append(_axis_last(layout))
+    if layout.dim >= 0:
+        out.append(layout._replace(dim=layout.dim - rank))
+    here = _complexity(layout)
+    seen, simpler = set(), []
+    for c in out:
+        if c.problem() is None and _complexity(c) < here and c not in seen:
+            seen.add(c)
+            simpler.append(c)
+    return simpler
+
+
+def _axis_last(layout: Layout) -> Layout:
+    """``layout`` with the normalised axis moved to the end (the other axes keep their order and
+    features), spelled ``dim=-1``."""
+    p = [a for a in range(layout.rank) if a != layout.axis] + [layout.axis]
+    return Layout(tuple(layout.sizes[a] for a in p), -1,
+                  tuple(p.index(a) for a in layout.order), tuple(layout.step[a] for a in p),
+                  tuple(sorted(p.index(a) for a in layout.expand)), layout.offset)
 
 
 def _set_value(case, index: int, value: float):

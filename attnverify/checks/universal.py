@@ -1,6 +1,8 @@
 """Checks every normalizer must pass (docs/INTERFACES.md, "Universal"), and the claimable ones about
 the output space and invariances. Each takes ``(spec, case, ctx)`` where ``case.scores`` is a
-``[batch, L]`` tensor (``-inf`` = masked) and ``case.temperature`` a float or ``None``.
+``[batch, L]`` tensor of rows (``-inf`` = masked), ``case.layout`` how the normalizer is given them
+(:mod:`attnverify.checks.layout`) and ``case.temperature`` a float or ``None``. An input a check
+derives from the case (keys masked, a row alone, …) is given in the case's layout too.
 """
 
 from __future__ import annotations
@@ -11,22 +13,41 @@ import torch
 
 from attnverify.checks.base import (
     Violation,
+    _diff_allowed,
     as_float64,
-    call,
-    call_many,
     close_mask,
     describe_dtype,
     mismatch_message,
     monitor_of,
     sum_tolerance,
 )
+from attnverify.checks.layout import (
+    call_view,
+    case_weights,
+    case_weights_many,
+    given,
+    given_many,
+    layout_of,
+    read,
+    weights,
+    where,
+)
+from attnverify.strategies.layouts import collect, plain, present
 from attnverify.tolerances import tol_for
 
 NEG_INF = float("-inf")
+#: Rows of a large batch that :func:`verify_batch_independent` computes alone: all of a batch of
+#: at most this many, else the first, the last, those around chunk boundaries and a few more.
+ALONE_ROWS = 8
+#: Chunk sizes whose boundaries (and the rows either side) are among the rows computed alone.
+CHUNKS = (64, 128, 1024)
+#: Very different rows mixed into a batch (as many as the batch has, up to this many).
+MIXED_ROWS = 64
 
 
 def _out(spec, case, scores=None):
-    return call(spec, case.scores if scores is None else scores, case.temperature)
+    """The ``[R, L]`` weights of ``scores`` (default the case's) in the case's layout."""
+    return case_weights(spec, case, scores)
 
 
 def _live_rows(scores: torch.Tensor) -> torch.Tensor:
@@ -35,30 +56,33 @@ def _live_rows(scores: torch.Tensor) -> torch.Tensor:
 
 
 def check_shape(spec, case, ctx) -> float:
-    out = _out(spec, case)
+    layout = layout_of(case)
+    x, out = given(spec, case.scores, case.temperature, layout)
     if not isinstance(out, torch.Tensor):
-        raise Violation(f"returned {type(out).__name__}, not a tensor", observed=1, bound=0,
-                        ratio=math.inf)
-    if out.shape != case.scores.shape or out.dtype != case.scores.dtype:
+        raise Violation(f"returned {type(out).__name__}, not a tensor{where(layout)}",
+                        observed=1, bound=0, ratio=math.inf)
+    if out.shape != x.shape or out.dtype != x.dtype:
         raise Violation(
             f"out.shape={tuple(out.shape)} dtype={describe_dtype(out.dtype)}, but should be "
-            f"{tuple(case.scores.shape)} {describe_dtype(case.scores.dtype)}",
-            observed=out.numel(), bound=case.scores.numel(), ratio=math.inf,
+            f"{tuple(x.shape)} {describe_dtype(x.dtype)}{where(layout)}",
+            observed=out.numel(), bound=x.numel(), ratio=math.inf,
         )
-    if out.device != case.scores.device:
-        raise Violation(f"output on {out.device}, input on {case.scores.device}",
+    if out.device != x.device:
+        raise Violation(f"output on {out.device}, input on {x.device}",
                         observed=1, bound=0, ratio=math.inf)
     return 0.0
 
 
 def check_finite(spec, case, ctx) -> float:
-    out = _out(spec, case)
+    layout = layout_of(case)
+    out = given(spec, case.scores, case.temperature, layout)[1]
+    read(out, layout)  # a tensor of the input's shape
     bad = ~torch.isfinite(out)
     if bool(bad.any()):
         n = int(bad.sum())
         raise Violation(
             f"{n} / {out.numel()} weights are not finite (e.g. {float(out[bad][0])}) for finite "
-            f"scores with max |score| = {float(case.scores.abs().max()):.3g}",
+            f"scores with max |score| = {float(case.scores.abs().max()):.3g}{where(layout)}",
             observed=n, bound=0, ratio=math.inf,
         )
     return 0.0
@@ -72,16 +96,18 @@ INTERLEAVING = ("A", "B = A with its keys permuted, in A's storage", "A again", 
 
 def check_deterministic(spec, case, ctx) -> float:
     """Equal inputs give bitwise-equal weights whatever was called in between: the calls A, B,
-    A, B (:data:`INTERLEAVING`) give A's weights both times and B's both times, and B's weights
-    are not A's weights returned again (an answer remembered from an earlier call of the same
-    shape, the same address or the same tensor)."""
+    A, B (:data:`INTERLEAVING`, in the case's layout) give A's weights both times and B's both
+    times, and B's weights are not A's weights returned again (an answer remembered from an
+    earlier call of the same shape, the same address or the same tensor)."""
+    layout = layout_of(case)
     scores = case.scores
     g = torch.Generator().manual_seed(int(case.seed) + 5)
     perm = torch.randperm(scores.shape[-1], generator=g).to(scores.device)
     other = scores[..., perm].contiguous()
     # one request: the worker makes the four calls in this order; call 2 reuses call 1's tensor
-    first, second, third, fourth = call_many(spec, [scores, other, scores, other],
-                                             case.temperature, reuse={1: 0})
+    raw = given_many(spec, [scores, other, scores, other], case.temperature, layout,
+                     reuse={1: 0})
+    first, second, third, fourth = (read(out, layout) for _, out in raw)
     order = list(INTERLEAVING)
     for a, b, i, j in ((first, third, 0, 2), (second, fourth, 1, 3)):
         if not torch.equal(a.nan_to_num(), b.nan_to_num()):
@@ -89,9 +115,9 @@ def check_deterministic(spec, case, ctx) -> float:
             raise Violation(
                 f"call {j + 1} ({INTERLEAVING[j]}, in new storage) differs from call {i + 1} "
                 f"({INTERLEAVING[i]}) by up to {diff:.3g}: the weights depend on what was "
-                f"called before (bitwise equality expected; calls: {', '.join(order)})",
-                observed=diff, bound=0, ratio=math.inf, interleaving=order,
-                perm=perm.tolist()[:64])
+                f"called before (bitwise equality expected; calls: {', '.join(order)})"
+                f"{where(layout)}", observed=diff, bound=0, ratio=math.inf,
+                interleaving=order, perm=perm.tolist()[:64])
     moved = not torch.equal(scores.nan_to_num(), other.nan_to_num())
     if moved and torch.equal(second.nan_to_num(), first.nan_to_num()):
         ok, _ = close_mask(second, first[..., perm], scores.dtype)
@@ -99,18 +125,23 @@ def check_deterministic(spec, case, ctx) -> float:
             raise Violation(
                 "call 2 (B: the keys of A permuted) returned exactly the weights of call 1 (A), "
                 "which are not A's weights permuted: an answer remembered from an earlier call "
-                f"(calls: {', '.join(order)})", observed=1, bound=0, ratio=math.inf,
-                interleaving=order, perm=perm.tolist()[:64])
+                f"(calls: {', '.join(order)}){where(layout)}", observed=1, bound=0,
+                ratio=math.inf, interleaving=order, perm=perm.tolist()[:64])
     return 0.0
 
 
 def check_no_mutation(spec, case, ctx) -> float:
-    scores = case.scores.clone()
-    before = scores.clone()
-    _out(spec, case, scores)
-    if not torch.equal(scores.nan_to_num(), before.nan_to_num()):
-        changed = int((scores != before).sum())
-        raise Violation(f"the input tensor was modified in place ({changed} entries changed)",
+    """The normalizer leaves its input unchanged: the entries of the view and those of the
+    buffer around it (a slice's gaps, an offset's lead)."""
+    layout = layout_of(case)
+    x = present(case.scores.clone(), layout)
+    memory = torch.as_strided(x, (layout.span,), (1,), 0)
+    before = memory.clone()
+    call_view(spec, x, case.temperature, layout)
+    if not torch.equal(memory.nan_to_num(), before.nan_to_num()):
+        changed = int((memory != before).sum())
+        raise Violation(f"the input tensor was modified in place ({changed} entries of its "
+                        f"storage changed){where(layout)}",
                         observed=changed, bound=0, ratio=math.inf)
     return 0.0
 
@@ -119,8 +150,8 @@ def check_permutation_equivariant(spec, case, ctx) -> float:
     scores = case.scores
     g = torch.Generator().manual_seed(int(case.seed) + 1)
     perm = torch.randperm(scores.shape[-1], generator=g).to(scores.device)
-    base, moved = call_many(spec, [scores, scores[..., perm].contiguous()], case.temperature)
-    want, got = base[..., perm], moved
+    base, got = case_weights_many(spec, case, [scores, scores[..., perm].contiguous()])
+    want = base[..., perm]
     ok, excess = close_mask(got, want, scores.dtype)
     if not ok:
         raise Violation(
@@ -146,7 +177,8 @@ def check_mask_zero(spec, case, ctx) -> float:
 
 def verify_mask_zero(spec, case, ctx) -> float:
     """Every masked key of a row with a live key gets weight exactly 0, and the live keys get the
-    weights of the row without the masked keys."""
+    weights of the row without the masked keys (rows with as many live keys go together, in the
+    case's layout)."""
     scores = case.scores
     masked = (scores == NEG_INF) & _live_rows(scores).unsqueeze(-1)
     out = _out(spec, case)
@@ -157,17 +189,25 @@ def verify_mask_zero(spec, case, ctx) -> float:
         raise Violation(f"a masked key got weight {shown:.3g}, not exactly 0",
                         observed=worst, bound=0, ratio=math.inf, input=scores)
     excess = 0.0
-    rows = [r for r in range(scores.shape[0])
-            if not bool((~masked[r]).all()) and bool((~masked[r]).any())]
-    alone = call_many(spec, [scores[r : r + 1, ~masked[r]] for r in rows], case.temperature)
-    for r, want in zip(rows, alone):
-        keep = ~masked[r]
-        ok, ex = close_mask(out[r : r + 1, keep], want, scores.dtype)
+    keep = ~masked
+    kept = keep.sum(-1)
+    judged = keep.any(-1) & ~keep.all(-1)
+    groups = []
+    for count in sorted(set(kept[judged].tolist())):
+        rows = (judged & (kept == count)).nonzero().flatten()
+        pick = keep[rows]
+        groups.append((count, rows, pick, scores[rows][pick].reshape(len(rows), count)))
+    wanted = case_weights_many(spec, case, [g[3] for g in groups])  # one request
+    for (count, rows, pick, _), want in zip(groups, wanted):
+        got = out[rows][pick].reshape(len(rows), count)
+        ok, ex = close_mask(got, want, scores.dtype)
         excess = max(excess, ex)
         if not ok:
+            bad = _first_bad_row(got, want, scores.dtype)
+            r = int(rows[bad])
             raise Violation(
                 f"row {r}: weights with keys masked differ from the row without those keys: "
-                f"{mismatch_message(out[r:r + 1, keep], want, scores.dtype)}",
+                f"{mismatch_message(got[bad:bad + 1], want[bad:bad + 1], scores.dtype)}",
                 observed=ex, bound=1, ratio=ex, row=r,
                 masked=masked[r].nonzero().flatten().tolist(), input=scores,
             )
@@ -175,53 +215,138 @@ def verify_mask_zero(spec, case, ctx) -> float:
 
 
 def check_batch_independent(spec, case, ctx) -> float:
-    """Each row alone, and as the first row of a batch of very different rows (scale 1e3), gives
-    the weights it has in its own batch: :func:`verify_batch_independent` on the case's batch,
-    then on each of those mixed batches (every call of a step in one request)."""
+    """:func:`verify_batch_independent` on the case's batch, then on a batch that mixes its rows
+    with as many very different ones (scale 1e3; at most :data:`MIXED_ROWS`) at seeded
+    positions: each row's weights there equal its weights in its own batch. Every input of the
+    property goes to the worker in one request."""
     scores = case.scores
-    n = scores.shape[0]
+    count = scores.shape[0]
+    total = count + min(count, MIXED_ROWS)
     g = torch.Generator().manual_seed(int(case.seed) + 3)
-    other = torch.randn(scores.shape, generator=g, dtype=torch.float64) * 1e3
-    mixed = []
-    for r in range(n):
-        m = other.to(device=scores.device, dtype=scores.dtype, copy=True)
-        m[0] = scores[r]
-        mixed.append(m)
-    outs = call_many(spec, [scores] + [scores[r : r + 1] for r in range(n)] + mixed,
-                     case.temperature)
-    out, alone, mixed_out = outs[0], outs[1:n + 1], outs[n + 1:]
-    excess = _same_rows(out, alone, range(n), scores, n, scores)
-    for r in range(n):
-        excess = max(excess, _same_rows(mixed_out[r], [alone[r]], (0,), mixed[r], n,
-                                        mixed[r]))
-    return excess
+    other = (torch.randn(total, scores.shape[-1], generator=g, dtype=torch.float64) * 1e3)
+    mixed = other.to(scores.dtype).to(scores.device)
+    at = torch.randperm(total, generator=g)[:count].sort().values.to(scores.device)
+    mixed[at] = scores
+    outs = _batch_outputs(spec, case, extra=[mixed])
+    excess = _batch_verdict(outs, scores, case.seed)
+    got = outs["extra"][0][at]
+    out = outs["out"]
+    ok, ex = close_mask(got, out, scores.dtype)
+    if not ok:
+        r = _first_bad_row(got, out, scores.dtype)
+        raise Violation(
+            f"row {r} inside a batch of {total} rows that mixes the case's rows with very "
+            f"different ones (at row {int(at[r])}) differs from the same row in its own batch of "
+            f"{count}: {mismatch_message(got[r:r + 1], out[r:r + 1], scores.dtype)}",
+            observed=ex, bound=1, ratio=ex, row=r, input=mixed)
+    return max(excess, ex)
 
 
-def verify_batch_independent(spec, case, ctx, rows=None) -> float:
-    """Each row (of ``rows``, default all) computed alone equals the same row in the batch."""
+def verify_batch_independent(spec, case, ctx, rows=None, out=None) -> float:
+    """Rows computed alone (each of ``rows``; default all of a batch of up to
+    :data:`ALONE_ROWS`, else :func:`alone_rows`), and the batch in reverse row order, give the
+    weights of the same rows in the batch (``out``: those weights, when already computed)."""
+    return _batch_verdict(_batch_outputs(spec, case, rows=rows, out=out), case.scores,
+                          case.seed)
+
+
+def _batch_outputs(spec, case, *, rows=None, out=None, extra=()) -> dict:
+    """The weights :func:`verify_batch_independent` compares (and ``extra`` inputs), from one
+    request: the batch, each row of ``rows`` alone, the batch in reverse row order."""
     scores = case.scores
-    rows = list(range(scores.shape[0]) if rows is None else rows)
-    outs = call_many(spec, [scores] + [scores[r : r + 1] for r in rows], case.temperature)
-    return _same_rows(outs[0], outs[1:], rows, scores, scores.shape[0], scores)
+    count = scores.shape[0]
+    picked = list(alone_rows(count, case.seed) if rows is None else rows)
+    flip = count > 1 and rows is None
+    inputs = ([] if out is not None else [scores]) + [scores[r : r + 1] for r in picked]
+    inputs += ([scores.flip(0)] if flip else []) + list(extra)
+    outs = case_weights_many(spec, case, inputs)
+    if out is None:
+        out, outs = outs[0], outs[1:]
+    alone, outs = outs[:len(picked)], outs[len(picked):]
+    flipped = outs.pop(0).flip(0) if flip else None
+    return {"out": out, "rows": picked, "alone": alone, "flipped": flipped, "extra": outs}
 
 
-def _same_rows(out, alone, rows, scores, size, given) -> float:
+def _batch_verdict(outs: dict, scores, seed) -> float:
+    count, out = scores.shape[0], outs["out"]
     excess = 0.0
-    for r, single in zip(rows, alone):
-        ok, ex = close_mask(single, out[r : r + 1], scores.dtype)
+    for r, alone in zip(outs["rows"], outs["alone"]):
+        ok, ex = close_mask(alone, out[r : r + 1], scores.dtype)
         excess = max(excess, ex)
         if not ok:
             raise Violation(
                 f"row {r} computed alone differs from the same row in its batch of "
-                f"{size}: {mismatch_message(single, out[r:r + 1], scores.dtype)}",
-                observed=ex, bound=1, ratio=ex, row=r, input=given,
+                f"{count}: {mismatch_message(alone, out[r:r + 1], scores.dtype)}",
+                observed=ex, bound=1, ratio=ex, row=r, input=scores,
             )
+    flipped = outs["flipped"]
+    if flipped is not None:
+        ok, ex = close_mask(flipped, out, scores.dtype)
+        excess = max(excess, ex)
+        if not ok:
+            r = _first_bad_row(flipped, out, scores.dtype)
+            raise Violation(
+                f"row {r} of a batch of {count} differs when the batch is given in reverse row "
+                f"order (it is then row {count - 1 - r}): "
+                f"{mismatch_message(flipped[r:r + 1], out[r:r + 1], scores.dtype)}",
+                observed=ex, bound=1, ratio=ex, row=r, input=scores)
     return excess
+
+
+def alone_rows(count: int, seed: int = 0) -> list[int]:
+    """The rows of a batch of ``count`` computed alone: every row up to :data:`ALONE_ROWS`;
+    beyond, the first and the last row, the rows either side of the last boundary of each of
+    :data:`CHUNKS` inside the batch (where a tail chunk starts) and a seeded one. (The batch in
+    reverse row order moves every row to another chunk.)"""
+    if count <= ALONE_ROWS:
+        return list(range(count))
+    picks = {0, count - 1}
+    for chunk in CHUNKS:
+        last = (count - 1) // chunk * chunk
+        picks |= {last - 1, last} if 0 < last < count else set()
+    g = torch.Generator().manual_seed(int(seed) + 5)
+    picks |= set(torch.randint(0, count, (1,), generator=g).tolist())
+    return sorted(r for r in picks if 0 <= r < count)
+
+
+def _first_bad_row(got, want, dtype) -> int:
+    """The first row where ``got`` and ``want`` differ beyond the tolerance."""
+    diff, allowed = _diff_allowed(got, want, dtype, 1.0)
+    ratio = (diff / allowed).nan_to_num(math.inf).amax(-1)
+    return int((ratio > 1).nonzero().flatten()[0])
+
+
+def check_layout_invariant(spec, case, ctx) -> float:
+    """The weights of the case's rows given in its layout (rank, axis, memory layout; every
+    copy along an expanded axis) equal, within the dtype's tolerance, the weights of the same
+    rows given as one contiguous ``[R, L]`` block with ``dim=-1``."""
+    layout = layout_of(case)
+    if layout.plain:
+        return 0.0
+    scores = case.scores
+    count, length = scores.shape
+    want = weights(spec, scores, case.temperature, plain(count, length))
+    out = given(spec, scores, case.temperature, layout)[1]
+    read(out, layout)  # a tensor of the input's shape
+    copies = collect(out, layout, copies="all")
+    worst = 0.0
+    for c in range(copies.shape[0]):
+        ok, ex = close_mask(copies[c], want, scores.dtype)
+        worst = max(worst, ex)
+        if not ok:
+            r = _first_bad_row(copies[c], want, scores.dtype)
+            copy = f", copy {c} of {copies.shape[0]}" if copies.shape[0] > 1 else ""
+            raise Violation(
+                f"given as {layout.describe()}, the weights differ from those of the same rows "
+                f"as one contiguous [{count}, {length}] block with dim=-1 (row {r}{copy}): "
+                f"{mismatch_message(copies[c][r:r + 1], want[r:r + 1], scores.dtype)}",
+                observed=ex, bound=1, ratio=ex, row=r, copy=c)
+    return worst
 
 
 def check_low_precision(spec, case, ctx) -> float:
     """Half-precision weights agree with the float64 weights of the same (rounded) scores."""
-    out, want = call_many(spec, [case.scores, case.scores.to(torch.float64)], case.temperature)
+    out, want = case_weights_many(spec, case, [case.scores, case.scores.to(torch.float64)])
     ok, excess = close_mask(out, want, case.scores.dtype)
     if not ok:
         raise Violation(
@@ -290,7 +415,7 @@ def check_shift_invariant(spec, case, ctx) -> float:
     scale = float(finite.abs().max()) if finite.numel() else 1.0
     c = (torch.rand(scores.shape[0], 1, generator=g, dtype=torch.float64) - 0.5) * 20
     shifted = (scores.to(torch.float64) + c).to(scores.dtype)
-    got, want = call_many(spec, [shifted, scores], case.temperature)
+    got, want = case_weights_many(spec, case, [shifted, scores])
     t = case.temperature or 1.0
     eps = torch.finfo(scores.dtype).eps
     slack = 1.0 + (scale + 10.0) * eps / (t * tol_for(scores.dtype).rtol)
@@ -342,7 +467,7 @@ def verify_fully_masked_row(spec, case, ctx) -> float:
     scores = case.scores
     live = _live_rows(scores)
     partial = bool(live.any()) and not bool(live.all())
-    outs = call_many(spec, [scores, scores[live]] if partial else [scores], case.temperature)
+    outs = case_weights_many(spec, case, [scores, scores[live]] if partial else [scores])
     out = outs[0]
     dead = out[~live]
     if not bool((dead == 0).all()):

@@ -29,7 +29,7 @@ import math
 import torch
 
 from attnverify.normalizers.dense import softmax
-from attnverify.normalizers.rows import NEG_INF, check_temperature, finish, prepare
+from attnverify.normalizers.rows import NEG_INF, check_temperature, finish, prepare, row_max
 
 _MAX_FIXED_POINT = 24
 
@@ -233,9 +233,12 @@ class _Entmax(torch.autograd.Function):
 
 
 def _entmax(scores: torch.Tensor, dim: int, alpha: float, temperature: float) -> torch.Tensor:
-    x = prepare(scores, temperature)
+    x = prepare(scores)
     if x.numel() == 0:
         return finish(x.clone(), scores)
+    check_temperature(temperature)
+    if temperature != 1.0:  # (z − max z)/T: a near tie of z stays resolved at a small T
+        x = (x - row_max(x, dim)) / temperature
     return finish(_Entmax.apply(x, dim, float(alpha)), scores)
 
 

@@ -30,7 +30,9 @@ is the name to use): :mod:`~attnverify.strategies.rows` (logit rows, bounded row
 :mod:`~attnverify.strategies.queries` (queries and keys), :mod:`~attnverify.strategies.embeddings`,
 :mod:`~attnverify.strategies.scalars` (lengths, dtypes, scales, temperatures and the shared
 draws), :mod:`~attnverify.strategies.records` (the result types and :func:`repro`),
-:mod:`~attnverify.strategies.tensors` (seeded tensor construction) and
+:mod:`~attnverify.strategies.tensors` (seeded tensor construction),
+:mod:`~attnverify.strategies.layouts` (how rows are given to a normalizer: rank, axis, memory
+layout, row counts and lengths across block sizes) and
 :mod:`~attnverify.strategies.validation` (argument checks).
 """
 
@@ -42,6 +44,15 @@ from attnverify.strategies.embeddings import (
     build_sphere_embeddings,
     embedding_sets,
     sphere_embeddings,
+)
+from attnverify.strategies.layouts import (
+    Layout,
+    block_lengths,
+    build_layout,
+    collect,
+    present,
+    row_counts,
+    row_layouts,
 )
 from attnverify.strategies.queries import (
     QUERY_KEY_KINDS,
@@ -91,20 +102,27 @@ __all__ = [
     "BoundedRows",
     "EmbeddingSet",
     "Embeddings",
+    "Layout",
     "QueryKeys",
     "Rows",
+    "block_lengths",
     "bounded_rows",
     "build_bounded_rows",
     "build_embedding_set",
+    "build_layout",
     "build_query_keys",
     "build_rows",
     "build_sphere_embeddings",
+    "collect",
     "dtypes",
     "embedding_sets",
+    "row_layouts",
     "lengths",
     "logit_rows",
+    "present",
     "query_key_sets",
     "repro",
+    "row_counts",
     "scales",
     "sphere_embeddings",
     "temperatures",

@@ -20,6 +20,8 @@ from attnverify.strategies.scalars import (
     _draw_bounds,
     _draw_dtype,
     _draw_kind,
+    _draw_length,
+    _ints,
     _lengths,
     scales,
 )
@@ -157,7 +159,7 @@ def _sphere_embeddings(draw: Callable, options: tuple, device: Any) -> Embedding
     dtype = _draw_dtype(draw, dtypes_)
     length, dim = _draw_length_and_d(draw, lo, hi, d, dtype)
     radius = _resolve(draw, radius, _positive_check("radius"))
-    n_top = draw(st.integers(1, length - 1))
+    n_top = draw(_ints(1, length - 1))
     seed = draw(_SEEDS)
     return build_sphere_embeddings(
         length=length, d=dim, radius=radius, n_top=n_top, dtype=dtype, seed=seed,
@@ -176,12 +178,12 @@ def _smallest_sphere_d(length: int, dtype: torch.dtype) -> int:
 def _draw_length_and_d(draw: Callable, lo: int, hi: int, d: Any, dtype) -> tuple[int, int]:
     """Length and dimension, ``d = 1`` only for length ≤ 2 (see :func:`_smallest_sphere_d`)."""
     if d is None:
-        length = draw(_lengths(lo, hi))
-        return length, draw(_lengths(_smallest_sphere_d(length, dtype), 64))
+        length = _draw_length(draw, lo, hi)
+        return length, _draw_length(draw, _smallest_sphere_d(length, dtype), 64)
     dim = _resolve(draw, d, _int_check("d", 1))
     if dim == 1 and lo > 2:
         raise InvalidArgument(f"d=1 has only 2 points on a sphere, but min_length={lo}")
-    return draw(_lengths(lo, min(hi, 2) if dim == 1 else hi)), dim
+    return _draw_length(draw, lo, min(hi, 2) if dim == 1 else hi), dim
 
 
 def _embed_gaussian(c: _Ctx) -> torch.Tensor:
@@ -269,10 +271,10 @@ def _embedding_sets(draw: Callable, options: tuple, device: Any) -> EmbeddingSet
     lo, hi = _draw_bounds(draw, min_length, max_length, shortest=2)
     dtype = _draw_dtype(draw, dtypes_)
     kind = _draw_kind(draw, kinds, EMBEDDING_KINDS)
-    length = draw(_lengths(lo, hi))
+    length = _draw_length(draw, lo, hi)
     dim = _resolve(draw, d, _int_check("d", 1))
     scale = _resolve(draw, scale, _positive_check("scale"))
-    n_top = draw(st.integers(1, length - 1))
+    n_top = draw(_ints(1, length - 1))
     seed = draw(_SEEDS)
     return build_embedding_set(
         kind, length=length, d=dim, n_top=n_top, dtype=dtype, scale=scale, seed=seed,

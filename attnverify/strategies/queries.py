@@ -20,6 +20,7 @@ from attnverify.strategies.scalars import (
     _draw_bounds,
     _draw_dtype,
     _draw_kind,
+    _draw_length,
     _lengths,
     scales,
 )
@@ -142,7 +143,7 @@ def _query_key_sets(draw: Callable, options: tuple, device: Any) -> QueryKeys:
     lo, hi = _draw_bounds(draw, min_length, max_length)
     dtype = _draw_dtype(draw, dtypes_)
     kind = _draw_kind(draw, kinds, QUERY_KEY_KINDS)
-    length = draw(_lengths(lo, hi))
+    length = _draw_length(draw, lo, hi)
     dim = _resolve(draw, d, _int_check("d", 1))
     rows = _draw_batch(draw, batch)
     scale = _resolve(draw, scale, _positive_check("scale"))

@@ -22,7 +22,8 @@ from attnverify.strategies.scalars import (
     _draw_bounds,
     _draw_dtype,
     _draw_kind,
-    _lengths,
+    _draw_length,
+    _sampled,
     scales,
 )
 from attnverify.strategies.tensors import (
@@ -322,7 +323,7 @@ def _logit_rows(draw: Callable, options: tuple, allow_mask: bool, device: Any) -
     dtype = _draw_dtype(draw, dtypes_)
     known = {"batch": batch if isinstance(batch, int) else None, "max_abs": max_abs}
     kind = _draw_row_kind(draw, kinds, lo, hi, dict(known, allow_mask=allow_mask))
-    length = draw(_lengths(*_kind_bounds(kind, lo, hi)))
+    length = _draw_length(draw, *_kind_bounds(kind, lo, hi))
     rows = _draw_batch(draw, batch, 2 if kind == "mixed_scale" else 1)
     scale = _draw_row_scale(draw, kind, scale, dtype, max_abs)
     seed = draw(_SEEDS)
@@ -348,14 +349,14 @@ def _draw_row_kind(draw: Callable, kinds: Any, lo: int, hi: int, known: dict) ->
             f"batch={known['batch']!r}, max_abs={known['max_abs']!r}, "
             f"allow_mask={known['allow_mask']!r}"
         )
-    return draw(st.sampled_from(fitting))
+    return draw(_sampled(tuple(fitting)))
 
 
 def _draw_row_scale(draw: Callable, kind: str, scale: Any, dtype: torch.dtype, max_abs) -> float:
     """The kind's magnitude: a huge one for ``huge_range``, else ``scale`` capped by max_abs."""
     cap = torch.finfo(dtype).max if max_abs is None else min(max_abs, torch.finfo(dtype).max)
     if kind == "huge_range":
-        return draw(st.sampled_from([m for m in HUGE_MAGNITUDES if m <= cap]))
+        return draw(_sampled(tuple(m for m in HUGE_MAGNITUDES if m <= cap)))
     return min(float(_resolve(draw, scale, _positive_check("scale"))), cap)
 
 
@@ -433,7 +434,7 @@ def _bounded_rows(draw: Callable, options: tuple, device: Any) -> BoundedRows:
     lo, hi = _draw_bounds(draw, min_length, max_length)
     dtype = _draw_dtype(draw, dtypes_)
     kind = _draw_kind(draw, kinds, BOUNDED_KINDS)
-    length = draw(_lengths(lo, hi))
+    length = _draw_length(draw, lo, hi)
     rows = _draw_batch(draw, batch)
     a = _resolve(draw, a, _positive_check("a"))
     seed = draw(_SEEDS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -27,6 +28,19 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 DEFAULT_DTYPES = (torch.float32, torch.float64)
 MAX_SEED = 2**32 - 1
 _SEEDS = st.integers(0, MAX_SEED)
+
+
+@lru_cache(maxsize=4096)
+def _ints(lo: int, hi: int) -> SearchStrategy[int]:
+    """``st.integers(lo, hi)`` built once: a strategy built inside a draw costs more than the
+    draw itself (Hypothesis validates and inspects it)."""
+    return st.integers(lo, hi)
+
+
+@lru_cache(maxsize=1024)
+def _sampled(values: tuple) -> SearchStrategy:
+    """``st.sampled_from(values)`` built once (see :func:`_ints`)."""
+    return st.sampled_from(values)
 
 
 def _check_common(batch: Any, dtypes_: Any, device: Any) -> None:
@@ -66,8 +80,8 @@ def _draw_length(draw: Callable, lo: int, hi: int) -> int:
     lower ``e`` once the length is small: any length shrinks to its minimum, not to the bottom
     of the bucket it was found in.
     """
-    e = draw(st.integers(_bucket(lo), _bucket(hi)))
-    return draw(st.integers(lo, min(hi, 2**e)))
+    e = draw(_ints(_bucket(lo), _bucket(hi)))
+    return draw(_ints(lo, min(hi, 2**e)))
 
 
 def dtypes(*, allowed: Sequence[torch.dtype] = DEFAULT_DTYPES) -> SearchStrategy[torch.dtype]:
@@ -100,14 +114,14 @@ def _draw_dtype(draw: Callable, choices: Any) -> torch.dtype:
     """A dtype from a sequence (shrinks to the first) or a strategy (validated)."""
     if isinstance(choices, SearchStrategy):
         return _resolve(draw, choices, _drawn_member("dtypes", FLOAT_DTYPES))
-    return draw(st.sampled_from(tuple(choices)))
+    return draw(_sampled(tuple(choices)))
 
 
 def _draw_kind(draw: Callable, choices: Any, allowed: Sequence[str]) -> str:
     """A kind from a sequence (shrinks to the first) or a strategy (validated)."""
     if isinstance(choices, SearchStrategy):
         return _resolve(draw, choices, _drawn_member("kinds", allowed))
-    return draw(st.sampled_from(tuple(choices)))
+    return draw(_sampled(tuple(choices)))
 
 
 def _draw_bounds(draw: Callable, min_length: Any, max_length: Any, shortest: int = 1):
@@ -121,5 +135,5 @@ def _draw_bounds(draw: Callable, min_length: Any, max_length: Any, shortest: int
 def _draw_batch(draw: Callable, batch: Any, shortest: int = 1) -> int:
     """``batch`` as given, or 1–4 rows (``shortest``–4 when the kind needs more rows)."""
     if batch is None:
-        return draw(st.integers(shortest, 4))
+        return draw(_ints(shortest, 4))
     return _resolve(draw, batch, _int_check("batch", 1))

@@ -1,0 +1,233 @@
+"""What a certificate covered: the inputs each property gave the normalizer.
+
+certify adds every case it checks (battery and Hypothesis) to a :class:`Coverage`; a property's
+result carries its block (``PropertyResult.coverage``) and a target's JSON the union over its
+properties, with, per property, the fields where that property covered something else
+(:func:`target_block`). The block (docs/INTERFACES.md, "coverage"):
+
+- ``cases``: cases checked;
+- ``dtypes``, ``ranks``, ``axes`` (``dim`` as given: ``-1`` and ``1`` are both listed when both
+  spellings were used), ``layouts`` (the kinds of :mod:`attnverify.strategies.layouts`);
+- ``row_length`` and ``row_count`` ``[fewest, most]`` (rows as the normalizer was given them,
+  copies along a stride-0 axis included);
+- ``masked_keys`` and ``fully_masked_rows``: how many cases had a masked key in a live row, and a
+  row with every key masked;
+- ``temperature``: ``[lowest, highest]``, or ``null`` when no case had one;
+- ``declared``: the layouts and axes the normalizer declares it takes (``null``: none declared,
+  held to every one).
+
+Cases without rows of scores (a margin for the length-awareness peak) count in ``cases`` and
+``temperature`` only; attention cases count their queries' rows (``B·H·L_q``) and keys.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+FIELDS = ("cases", "dtypes", "ranks", "axes", "layouts", "row_length", "row_count",
+          "masked_keys", "fully_masked_rows", "temperature")
+
+
+class Coverage:
+    """The inputs a property was checked on, accumulated case by case."""
+
+    def __init__(self) -> None:
+        self.cases = 0
+        self.dtypes: set[str] = set()
+        self.ranks: set[int] = set()
+        self.axes: set[int] = set()
+        self.layouts: set[str] = set()
+        self.lengths: list[int] = []
+        self.rows: list[int] = []
+        self.masked = 0
+        self.fully = 0
+        self.temperatures: list[float] = []
+
+    def add(self, case: Any) -> None:
+        """Count one case (never raises: coverage is a report, not a check)."""
+        try:
+            self._add(case)
+        except Exception:  # noqa: BLE001 - an odd case is still counted
+            pass
+
+    def _add(self, case: Any) -> None:
+        import torch
+
+        self.cases += 1
+        t = getattr(case, "temperature", None)
+        if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
+            self.temperatures.append(float(t))
+        scores = getattr(case, "scores", None)
+        if isinstance(scores, torch.Tensor) and scores.dim() == 2:
+            self._rows(case, scores)
+        elif isinstance(getattr(case, "q", None), torch.Tensor):
+            self._attention(case)
+
+    def _rows(self, case, scores) -> None:
+        from attnverify.strategies.layouts import plain
+
+        count, length = scores.shape
+        layout = getattr(case, "layout", None)
+        layout = plain(count, length) if layout is None else layout.fit(count, length)
+        self.dtypes.add(str(scores.dtype).removeprefix("torch."))
+        self.ranks.add(layout.rank)
+        self.axes.add(layout.dim)
+        self.layouts.update(layout.kinds)
+        self.lengths.append(length)
+        self.rows.append(layout.rows_given)
+        masked = scores == float("-inf")
+        dead = masked.all(dim=-1)
+        self.masked += int(bool((masked & ~dead.unsqueeze(-1)).any()))
+        self.fully += int(bool(dead.any())) if length else 0
+
+    def _attention(self, case) -> None:
+        q, k = case.q, case.k
+        self.dtypes.add(str(q.dtype).removeprefix("torch."))
+        self.ranks.add(q.dim())
+        self.axes.add(-1)
+        views = [t for t in (q, k, case.v) if not t.is_contiguous()]
+        self.layouts.add("transposed" if views else "contiguous")
+        mask = getattr(case, "attn_mask", None)
+        if mask is not None and 0 in mask.stride():
+            self.layouts.add("expanded")
+        self.lengths.append(int(k.shape[-2]))
+        self.rows.append(int(math.prod(q.shape[:-1])))
+        recipe = getattr(case, "recipe", {}) or {}
+        self.masked += int(mask is not None or bool(getattr(case, "is_causal", False)))
+        self.fully += int(recipe.get("mask") == "fully_masked")
+
+    def to_json(self, declared: dict | None = None) -> dict[str, Any] | None:
+        """The block (``None`` before any case)."""
+        if not self.cases:
+            return None
+        from attnverify.strategies.layouts import KINDS
+
+        return {
+            "cases": self.cases,
+            "dtypes": sorted(self.dtypes, key=_dtype_order),
+            "ranks": sorted(self.ranks),
+            "axes": sorted(self.axes),
+            "layouts": [k for k in KINDS if k in self.layouts],
+            "row_length": _span(self.lengths),
+            "row_count": _span(self.rows),
+            "masked_keys": self.masked,
+            "fully_masked_rows": self.fully,
+            "temperature": _span(self.temperatures),
+            "declared": declared,
+        }
+
+
+def _span(values: list) -> list | None:
+    return [min(values), max(values)] if values else None
+
+
+def _dtype_order(name: str) -> int:
+    order = ("float16", "bfloat16", "float32", "float64")
+    return order.index(name) if name in order else len(order)
+
+
+def merge(blocks: list[dict]) -> dict[str, Any] | None:
+    """The union of property blocks (cases summed, ranges widened)."""
+    blocks = [b for b in blocks if b]
+    if not blocks:
+        return None
+    from attnverify.strategies.layouts import KINDS
+
+    def union(key, order=None):
+        values = {v for b in blocks for v in (b.get(key) or [])}
+        return sorted(values, key=order) if order else sorted(values)
+
+    def widest(key):
+        spans = [b[key] for b in blocks if b.get(key)]
+        return [min(s[0] for s in spans), max(s[1] for s in spans)] if spans else None
+
+    layouts = union("layouts")
+    declared = next((b["declared"] for b in blocks if b.get("declared")), None)
+    return {
+        "cases": sum(b.get("cases", 0) for b in blocks),
+        "dtypes": union("dtypes", _dtype_order),
+        "ranks": union("ranks"),
+        "axes": union("axes"),
+        "layouts": [k for k in KINDS if k in layouts],
+        "row_length": widest("row_length"),
+        "row_count": widest("row_count"),
+        "masked_keys": sum(b.get("masked_keys", 0) for b in blocks),
+        "fully_masked_rows": sum(b.get("fully_masked_rows", 0) for b in blocks),
+        "temperature": widest("temperature"),
+        "declared": declared,
+    }
+
+
+#: Fields compared per property in :func:`target_block` (counts of cases always differ).
+COMPARED = ("dtypes", "ranks", "axes", "layouts", "row_length", "row_count", "temperature")
+
+
+def target_block(results) -> dict[str, Any] | None:
+    """A target's coverage: the union of its results' blocks, and ``properties``: per property,
+    the fields of :data:`COMPARED` where its block differs from the union."""
+    blocks = {r.property: r.coverage for r in results if getattr(r, "coverage", None)}
+    total = merge(list(blocks.values()))
+    if total is None:
+        return None
+    total["properties"] = {
+        prop: diff for prop, block in blocks.items()
+        if (diff := {k: block.get(k) for k in COMPARED if block.get(k) != total.get(k)})}
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# Words
+
+
+def _range(span, unit: str = "") -> str:
+    if not span:
+        return "none"
+    lo, hi = span
+    fmt = (lambda v: f"{v:g}") if isinstance(lo, float) else str
+    return f"{fmt(lo)}{unit}" if lo == hi else f"{fmt(lo)}–{fmt(hi)}{unit}"
+
+
+def describe(block: dict | None) -> str:
+    """One line: ``1234 cases; float32, float64; ranks 1–4; dim -4…3; layouts …; rows 1–4097;
+    row length 1–4096; masked keys in 300 cases, fully masked rows in 40; T 0.001–10``."""
+    if not block:
+        return "no cases"
+    ranks = block.get("ranks") or []
+    rank = _range([min(ranks), max(ranks)]) if ranks else "none"
+    axes = block.get("axes") or []
+    dims = ", ".join(str(a) for a in axes) if len(axes) <= 3 else f"{min(axes)}…{max(axes)}"
+    parts = [f"{block.get('cases', 0)} cases", ", ".join(block.get("dtypes") or []) or "-",
+             f"rank {rank}", f"dim {dims or '-'}",
+             f"layouts {', '.join(block.get('layouts') or []) or '-'}",
+             f"rows {_range(block.get('row_count'))}",
+             f"row length {_range(block.get('row_length'))}",
+             f"masked keys in {block.get('masked_keys', 0)} cases, fully masked rows in "
+             f"{block.get('fully_masked_rows', 0)}"]
+    if block.get("temperature"):
+        parts.append(f"T {_range(block['temperature'])}")
+    return "; ".join(parts)
+
+
+def describe_difference(diff: dict) -> str:
+    """``float64 only; rows 1–4097`` for a property's differing fields."""
+    out = []
+    for key, value in diff.items():
+        if key in ("row_length", "row_count", "temperature"):
+            name = {"row_length": "row length", "row_count": "rows", "temperature": "T"}[key]
+            out.append(f"{name} {_range(value)}")
+        elif value is None:
+            out.append(f"no {key}")
+        else:
+            out.append(f"{key} {', '.join(str(v) for v in value)}")
+    return "; ".join(out)
+
+
+def certified_for(declared: dict | None) -> str:
+    """What the verdict covers, in words: ``every layout; any axis; ranks 1–4`` or the declared
+    restrictions."""
+    from attnverify.strategies.layouts import layout_space
+
+    if not declared:
+        return layout_space().words()
+    return layout_space(declared.get("layouts"), declared.get("dims")).words()
