@@ -37,6 +37,7 @@ from attnverify.runconfig import (  # noqa: F401 - re-exported: the run configur
     parse_dtypes,
 )
 from attnverify.serialize import encode_case, jsonable, number, repro_command  # noqa: F401
+from attnverify.shard import dtype_name
 
 
 @dataclass
@@ -51,13 +52,79 @@ class PropertyResult:
     elapsed_s: float = 0.0
     #: The inputs it was checked on (:mod:`attnverify.coverage`); ``None``: no case ran.
     coverage: dict[str, Any] | None = None
+    #: Its units (:mod:`attnverify.shard`), one per dtype, in order: ``(dtype, result)``, the
+    #: result ``None`` for a unit not run (another shard's, or a missing shard's).
+    units: list = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
+    def to_json(self, *, partial: bool = False) -> dict[str, Any]:
+        """The result; ``partial``: each unit with its whole result, for ``merge``."""
+        out = {k: v for k, v in asdict(self).items() if k != "units"}
         if out["worst_ratio"] is not None:
             out["worst_ratio"] = number(out["worst_ratio"])  # one encoding: "inf", not 1e308
         out["elapsed_s"] = round(self.elapsed_s, 4)
+        out["units"] = [_unit_json(d, r, partial) for d, r in self.units]
         return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PropertyResult:
+        """The result :meth:`to_json` wrote (``partial``: with its units' results)."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"units"}
+        out = cls(**{k: v for k, v in data.items() if k in known})
+        if isinstance(out.worst_ratio, str):
+            out.worst_ratio = float(out.worst_ratio)
+        out.units = [(u["dtype"], cls.from_json(u["result"]) if u.get("result") else None)
+                     for u in data.get("units") or []]
+        return out
+
+
+def _unit_json(dtype: str, r: PropertyResult | None, partial: bool) -> dict[str, Any]:
+    if r is None:
+        return {"dtype": dtype, "status": "not_checked"}
+    out = {"dtype": dtype, "status": r.status, "examples": r.examples,
+           "worst_ratio": None if r.worst_ratio is None else number(r.worst_ratio),
+           "elapsed_s": round(r.elapsed_s, 4)}
+    if partial:
+        out["result"] = r.to_json()
+    return out
+
+
+#: Status precedence when units combine: the first unit with the highest wins.
+_RANK = {"violated": 4, "error": 3, "not_checked": 2, "holds": 1, "not_applicable": 0}
+
+
+def combine(prop_id: str, claimed: bool, units: list, *, missing: str = "") -> PropertyResult:
+    """One property's result from its units ``[(dtype, result or None)]``: a failing unit's
+    status, message and counterexample (a violation before an error, then the first in order);
+    else ``not_checked`` when a unit did not run (``missing`` says why); else ``holds`` when a
+    unit ran, ``not_applicable`` when none applied. Examples and seconds add up, the worst ratio
+    is the largest, the coverage the union. The same function serves an unsharded run and
+    ``merge``, so both give the same result."""
+    from attnverify.coverage import merge as merge_coverage
+
+    ran = [r for _, r in units if r is not None]
+    statuses = [r.status if r is not None else "not_checked" for _, r in units]
+    top = max(statuses, key=lambda s: _RANK[s]) if statuses else "not_applicable"
+    chosen = next((r for _, r in units if r is not None and r.status == top), None)
+    if top == "not_checked":
+        absent = [d for d, r in units if r is None]
+        message = (f"not run: the {', '.join(absent)} unit{'s' if len(absent) > 1 else ''} "
+                   f"{missing or 'belong to another shard'}")
+    elif top == "holds":
+        message = ""
+    else:
+        message = chosen.message if chosen is not None else ""
+    worst = [r.worst_ratio for r in ran if r.worst_ratio is not None]
+    blocks = [r.coverage for r in ran if r.coverage]
+    return PropertyResult(
+        property=prop_id, claimed=claimed, status=top,
+        examples=sum(r.examples for r in ran),
+        worst_ratio=max(worst) if worst else None,
+        counterexample=chosen.counterexample if top in ("violated", "error") else None,
+        message=message,
+        elapsed_s=sum(r.elapsed_s for r in ran),
+        coverage=merge_coverage(blocks),
+        units=list(units),
+    )
 
 
 @dataclass
@@ -80,15 +147,18 @@ class TargetResult:
     def verdict(self) -> str:
         """``failed`` when a claimed property is violated or raised; ``not_checked`` when no
         property could run here (every one not applicable, e.g. a CUDA-only kernel on a CPU
-        machine): nothing was certified; else ``certified``."""
+        machine): nothing was certified, or when a unit of work did not run (a partial
+        certificate's other shards, a merge missing a shard); else ``certified``."""
         bad = [r for r in self.results if r.claimed and r.status in ("violated", "error")]
         if bad:
             return "failed"
         if self.results and all(r.status == "not_applicable" for r in self.results):
             return "not_checked"
+        if any(r.status == "not_checked" for r in self.results):
+            return "not_checked"  # a unit did not run (another shard's, or a missing shard's)
         return "certified"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, partial: bool = False) -> dict[str, Any]:
         from attnverify.coverage import certified_for, target_block
 
         coverage = target_block(self.results)
@@ -103,7 +173,7 @@ class TargetResult:
             "verdict": self.verdict,
             "certified_for": certified_for(declared) if coverage else None,
             "coverage": coverage,
-            "results": [r.to_json() for r in self.results],
+            "results": [r.to_json(partial=partial) for r in self.results],
         }
 
 
@@ -183,10 +253,12 @@ def certify_target(
                           params=dict(spec.params), reference=reference_label(spec),
                           reference_owner=reference_owner(spec))
     monitor = monitor_of(spec)
+    shard = getattr(ctx, "shard", None)
     for prop in props:
         if prop.id in skip:
             continue
-        result.results.append(run_property(prop, spec, ctx, claimed=True))
+        select = None if shard is None else shard.selector(result.target, prop.id, ctx.device)
+        result.results.append(run_property(prop, spec, ctx, claimed=True, select=select))
         if progress is not None:
             progress(result.target, result.results[-1])
     if monitor is not None:
@@ -210,10 +282,37 @@ def _size(case: Any) -> int:
 
 
 def run_property(
+    prop: Property, spec: NormalizerSpec, ctx: Context, *, claimed: bool = True,
+    select=None, skip_reason: str = "",
+) -> PropertyResult:
+    """Run one property, unit by unit (one per dtype its cases take, :mod:`attnverify.shard`;
+    ``select(dtype name)`` says which units to run here, ``None``: all), and combine the units
+    (:func:`combine`). ``skip_reason``: every unit is ``not_applicable`` for that reason.
+
+    Each unit has a share of the property's examples and its own seeded search; see
+    :func:`run_unit`."""
+    dtypes = prop.unit_dtypes(spec, ctx)
+    units = []
+    for dtype in dtypes:
+        name = dtype_name(dtype)
+        if select is not None and not select(name):
+            units.append((name, None))
+        elif skip_reason:
+            units.append((name, PropertyResult(prop.id, claimed, "not_applicable",
+                                               message=skip_reason)))
+        else:
+            uctx = ctx if prop.own_dtype else dataclasses.replace(
+                ctx, unit_dtype=dtype,
+                max_examples=max(1, int(round(ctx.max_examples / len(dtypes)))))
+            units.append((name, run_unit(prop, spec, uctx, claimed=claimed)))
+    return combine(prop.id, claimed, units)
+
+
+def run_unit(
     prop: Property, spec: NormalizerSpec, ctx: Context, *, claimed: bool = True
 ) -> PropertyResult:
-    """Run one property: the adversarial battery first, then Hypothesis; never raises for the
-    normalizer's faults. A failure is reported on the smallest failing case found (the
+    """Run one unit of a property: the adversarial battery first, then Hypothesis; never raises
+    for the normalizer's faults. A failure is reported on the smallest failing case found (the
     battery's, or Hypothesis's shrunk one). A worker that dies, hangs or breaks the protocol
     (:class:`~attnverify.errors.WorkerFailed`) ends the property at once with the case in
     flight; an output refused at the process boundary fails it even where a check swallowed the

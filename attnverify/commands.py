@@ -7,6 +7,7 @@ exit code (0 ok, 1 violated / falsified, 2 usage, raised as :class:`UsageError`)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 
@@ -120,6 +121,10 @@ def _certify_args(p: argparse.ArgumentParser) -> None:
                    help="file of TARGET::PROPERTY patterns (* ? [] allowed; # comments) expected "
                    "to fail; an entry that matches nothing, or every id, is an error")
     p.add_argument("--quiet", action="store_true", help="print only the verdict lines")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="run shard K of N (units of target x property x dtype x device, "
+                   "partitioned by their ci cost) and write a partial certificate for "
+                   "'attnverify merge'")
     p.add_argument("--reference", default=None, metavar="REF",
                    help="compare every target with REF (a target string: built-in id, "
                    "module:attr, file.py:attr; with --attention an attention target), evaluated "
@@ -150,12 +155,35 @@ def _run_certify(args) -> int:
     claims = None if args.claims is None else [c.strip() for c in args.claims.split(",")
                                                 if c.strip()]
     xfails = load_xfails(args.xfails) if args.xfails else None
+    shard = check_shard(args, ctx)
     targets = args.targets or builtin_ids()
+    planned = []
     results = certify_all(targets, params, claims, ctx,
                           progress=None if args.quiet else _progress,
                           before_run=None if xfails is None else
-                          (lambda ids: check_entries(xfails, ids)))
+                          (lambda ids: check_entries(xfails, ids)),
+                          shard=shard, on_shard=planned.append)
+    if planned:
+        ctx = dataclasses.replace(ctx, shard=planned[0])
     return report.finish_certify(args, report.certificate(results, ctx), xfails)
+
+
+def check_shard(args, ctx) -> tuple[int, int] | None:
+    """``--shard K/N`` parsed (exit 2 on a bad one), and the options a shard cannot take: a seed
+    drawn per process (every shard must search with the same seed) and ``--xfails`` (applied to
+    the merged certificate, ``attnverify merge --xfails``)."""
+    from attnverify.shard import parse_shard
+
+    shard = parse_shard(getattr(args, "shard", None))
+    if shard is None:
+        return None
+    if getattr(ctx, "seed_source", "fixed") == "random":
+        raise UsageError("--shard with --seed random: every shard must use the same seed; draw "
+                         "one for the whole run and give it to each shard (--seed S)")
+    if getattr(args, "xfails", None):
+        raise UsageError("--shard with --xfails: apply the xfails to the merged certificate "
+                         "(attnverify merge PART.json ... --xfails FILE)")
+    return shard
 
 
 
@@ -271,6 +299,24 @@ def _none(p: argparse.ArgumentParser) -> None:
     return None
 
 
+def _merge_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("parts", nargs="+", metavar="PART.json",
+                   help="partial certificates written by certify --shard K/N --json")
+    p.add_argument("--json", dest="json_path", default=None, help="write the merged certificate")
+    p.add_argument("--markdown", dest="markdown_path", default=None,
+                   help="write the merged certificate as Markdown")
+    p.add_argument("--xfails", default=None,
+                   help="file of TARGET::PROPERTY patterns expected to fail, applied to the "
+                   "merged results (strict, as certify --xfails)")
+    p.add_argument("--quiet", action="store_true", help="print only the verdict lines")
+
+
+def _run_merge(args) -> int:
+    from attnverify.merge import run_merge_command
+
+    return run_merge_command(args)
+
+
 COMMANDS = {
     "properties": ("property ids with a one-line statement each", _none, _run_properties),
     "quantities": ("quantities usable in a falsify inequality", _none, _run_quantities),
@@ -281,4 +327,6 @@ COMMANDS = {
     "claims": ("the audit of the papers' claims (docs/THEORY.md §7)", _claims_args, _run_claims),
     "repro": ("re-check one property (or inequality) on one exact case; exit 1 while it fails",
               _repro_args, _run_repro),
+    "merge": ("combine the partial certificates of certify --shard K/N into one", _merge_args,
+              _run_merge),
 }

@@ -22,6 +22,8 @@ proxies, border checks and state checks, but no protection and no time limit (de
 
 from __future__ import annotations
 
+import dataclasses
+
 from attnverify import heartbeat, remote
 from attnverify.errors import UsageError, WorkerFailed
 
@@ -59,22 +61,34 @@ def close(spec) -> None:
 
 
 def certify_all(targets: list[str], params: dict, claims, ctx, *, progress=None,
-                before_run=None) -> list:
+                before_run=None, shard: tuple[int, int] | None = None, on_shard=None) -> list:
     """Certify ``targets`` (target strings), each in a worker of its own (in this process
     under ``--no-isolation``). Every target is loaded and its claims checked first (usage errors
     before any work); ``before_run(ids)`` then sees every ``target::property`` id that will run.
-    Every worker is stopped before this returns."""
+    ``shard=(K, N)``: only the units of shard K of N run (:mod:`attnverify.shard`).
+    ``on_shard(shard)`` receives its :class:`~attnverify.shard.Shard` (the partition of every
+    unit of the run) before any unit runs. Every worker is stopped before this returns."""
     from attnverify.certify import TargetResult, certify_target, plan
+    from attnverify.shard import dtype_name, make_shard, unit_id
 
     opened = []
     try:
         opened = open_targets(targets, params, ctx)
-        ids = []
+        ids, units = [], []
         for label, spec, _failure in opened:
-            ids += [f"{label}::load"] if spec is None else [
-                f"{label}::{p.id}" for p in plan(spec, claims, ctx)[1]]
+            if spec is None:
+                ids.append(f"{label}::load")
+                continue
+            for p in plan(spec, claims, ctx)[1]:
+                ids.append(f"{label}::{p.id}")
+                units += [unit_id(label, p.id, dtype_name(d), ctx.device)
+                          for d in p.unit_dtypes(spec, ctx)]
         if before_run is not None:
             before_run(ids)
+        if shard is not None:
+            ctx = dataclasses.replace(ctx, shard=make_shard(*shard, units))
+            if on_shard is not None:
+                on_shard(ctx.shard)
         results = []
         for label, spec, failure in opened:
             if spec is None:

@@ -32,6 +32,7 @@ def certificate(targets: Iterable[TargetResult], ctx: Context) -> dict[str, Any]
     from attnverify import __version__
 
     targets = list(targets)
+    shard = getattr(ctx, "shard", None)  # certify --shard K/N: a partial certificate
     isolated = bool(getattr(ctx, "isolation", False))
     return {
         "schema_version": SCHEMA_VERSION,
@@ -56,7 +57,8 @@ def certificate(targets: Iterable[TargetResult], ctx: Context) -> dict[str, Any]
         # the worker that loaded the targets reports it
         "softmax_kernel": next((t.runtime.get("softmax_kernel") for t in targets
                                 if t.runtime.get("softmax_kernel")), None),
-        "targets": [t.to_json() for t in targets],
+        "targets": [t.to_json(partial=shard is not None) for t in targets],
+        **({"shard": shard.to_json()} if shard is not None else {}),
     }
 
 
@@ -92,7 +94,7 @@ def _ratio(value) -> str:
 
 def _status_cell(r) -> str:
     return {"holds": "holds", "violated": "VIOLATED", "error": "ERROR",
-            "not_applicable": "n/a"}[r["status"]]
+            "not_applicable": "n/a", "not_checked": "NOT RUN"}[r["status"]]
 
 
 def terminal_table(data: dict[str, Any]) -> str:
@@ -116,8 +118,15 @@ def terminal_table(data: dict[str, Any]) -> str:
                 lines.extend(_violation_lines(r))
             elif r["status"] == "not_applicable" and r["claimed"]:
                 lines.append(f"  note: {r['property']} not applicable: {r['message']}")
+            elif r["status"] == "not_checked":
+                lines.append(f"  note: {r['property']} {r['message']}")
         lines.extend(f"  {line}" for line in coverage_lines(target))
-        lines.append(f"verdict: {target['target']}: {target['verdict'].upper().replace('_', ' ')}")
+        verdict = target["verdict"].upper().replace("_", " ")
+        shard = data.get("shard")
+        if shard and target["verdict"] != "failed":  # a partial certificate (certify --shard)
+            verdict = (f"PARTIAL (shard {shard['index']}/{shard['count']}; attnverify merge "
+                       "gives the verdict)")
+        lines.append(f"verdict: {target['target']}: {verdict}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
@@ -242,7 +251,8 @@ def finish_certify(args, data: dict, xfails) -> int:
     if args.quiet:
         text = "\n".join(line for line in text.splitlines() if line.startswith("verdict:"))
     print(text)
-    unchecked = [t["target"] for t in data["targets"] if t["verdict"] == "not_checked"]
+    unchecked = [t["target"] for t in data["targets"] if t["verdict"] == "not_checked"
+                 and all(r["status"] != "not_checked" for r in t["results"])]
     if unchecked and len(unchecked) == len(data["targets"]):
         raise UsageError(f"nothing could be checked here: no property applies to "
                          f"{', '.join(unchecked)} (the reasons are in the table)")

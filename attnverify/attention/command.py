@@ -40,6 +40,9 @@ def run_certify(args) -> int:
     params = parse_params(args.params)
     claims = None if args.claims is None else split(args.claims)
     xfails = load_xfails(args.xfails) if args.xfails else None
+    from attnverify.commands import check_shard
+
+    args.shard_spec = check_shard(args, ctx)
     try:
         return _certify_opened(args, targets, params, claims, ctx, xfails)
     finally:
@@ -73,6 +76,13 @@ def _certify_opened(args, targets, params, claims, ctx, xfails) -> int:
     for spec in specs:  # every usage error before any work
         if spec is not None:
             resolve_claims(spec, claims)
+    if args.shard_spec is not None:  # certify --shard K/N: this shard's units of every kernel
+        from attnverify.attention.run import units_of
+        from attnverify.shard import make_shard
+
+        units = [u for (label, _, _), spec in zip(opened, specs) if spec is not None
+                 for u in units_of(spec, claims, ctx, label)]
+        ctx = dataclasses.replace(ctx, shard=make_shard(*args.shard_spec, units))
     progress = None if args.quiet else progress_line
     results = []
     for (label, _, failure), spec in zip(opened, specs):

@@ -60,7 +60,10 @@ def _prop(id, statement, check, *, masks=ALL_MASKS, dtypes=full_dtypes, applies=
     max_keys = recipe_options.pop("max_keys", None)
 
     def dtypes_of(spec, ctx):
-        return dtypes(_a(spec), ctx) if dtypes is full_dtypes else dtypes(_a(spec))
+        out = dtypes(_a(spec), ctx) if dtypes is full_dtypes else dtypes(_a(spec))
+        if ctx.unit_dtype is not None:  # one unit of the run (attnverify.shard)
+            out = tuple(d for d in out if d == ctx.unit_dtype)
+        return out
 
     def cases(spec, ctx):
         a = _a(spec)
@@ -86,7 +89,8 @@ def _prop(id, statement, check, *, masks=ALL_MASKS, dtypes=full_dtypes, applies=
         return applies(a, ctx) if applies else None
 
     return Property(id=id, statement=statement, cases=cases, check=check, explicit=explicit,
-                    applies=applicable, universal=universal, examples_scale=scale)
+                    applies=applicable, universal=universal, examples_scale=scale,
+                    dtypes=dtypes_of)
 
 
 def _needs_gqa(a, ctx):

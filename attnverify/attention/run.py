@@ -91,7 +91,7 @@ def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=Non
                           claims=list(dict.fromkeys([*chosen, *spec.claims])),
                           params=dict(a.params))
     for prop_id, pctx in property_plan(a, spec, chosen, ctx):
-        res = run_one(a, chosen, prop_id, pctx)
+        res = run_one(a, chosen, prop_id, pctx, label=result.target)
         result.results.append(res)
         if progress is not None:
             progress(result.target, res)
@@ -117,6 +117,21 @@ def property_plan(a: AttentionSpec, spec, chosen: list[str], ctx) -> list[tuple[
     return plan + [entry for entry in lifted if entry[0] in LAST]
 
 
+def units_of(a: AttentionSpec, claims: list[str] | None, ctx, label: str) -> list[str]:
+    """The unit ids (:mod:`attnverify.shard`) of certifying ``a`` as ``label``, in run order."""
+    from attnverify.checks import PROPERTIES
+    from attnverify.shard import dtype_name, unit_id
+
+    chosen = resolve_claims(a, claims)
+    spec = _lifted(a, chosen)
+    out = []
+    for prop_id, pctx in property_plan(a, spec, chosen, ctx):
+        prop = PROPERTIES.get(prop_id) or ATTENTION_PROPERTIES[prop_id]
+        out += [unit_id(label, prop_id, dtype_name(d), ctx.device)
+                for d in prop.unit_dtypes(spec, pctx)]
+    return out
+
+
 def _lifted(a: AttentionSpec, chosen: list[str]):
     from attnverify.checks import PROPERTIES
 
@@ -126,18 +141,20 @@ def _lifted(a: AttentionSpec, chosen: list[str]):
     return spec
 
 
-def run_one(a: AttentionSpec, chosen: list[str], prop_id: str, ctx):
+def run_one(a: AttentionSpec, chosen: list[str], prop_id: str, ctx, *, label: str | None = None):
     """One property (a normalizer id runs on the lifted kernel, ``ctx`` already
     :func:`lifted_context`), or ``not_applicable`` with the reason."""
-    from attnverify.certify import PropertyResult, run_property
+    from attnverify.certify import run_property
     from attnverify.checks import PROPERTIES
 
     prop = PROPERTIES.get(prop_id) or ATTENTION_PROPERTIES[prop_id]
     reason = a.unavailable or (_skip_reason(a, prop_id) if prop_id in PROPERTIES else "")
-    if reason:
-        return PropertyResult(prop_id, True, "not_applicable", message=reason)
+    shard = getattr(ctx, "shard", None)
+    select = None if shard is None else shard.selector(label or a.target or a.id, prop_id,
+                                                         ctx.device)
     start = time.perf_counter()
-    res = run_property(prop, _lifted(a, chosen), ctx, claimed=True)
+    res = run_property(prop, _lifted(a, chosen), ctx, claimed=True, select=select,
+                       skip_reason=reason)
     res.elapsed_s = time.perf_counter() - start
     _attention_counterexample(res, a, ctx)
     return res

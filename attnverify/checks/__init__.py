@@ -10,6 +10,7 @@ from attnverify.checks import paper as P
 from attnverify.checks import reference as R
 from attnverify.checks import universal as U
 from attnverify.checks.base import Context, Property, Violation
+from attnverify.checks.base import own_float64 as _f64
 from attnverify.registry import NormalizerSpec
 
 __all__ = ["PROPERTIES", "Context", "Property", "Violation", "properties_for"]
@@ -58,13 +59,22 @@ def _rows(id, statement, check, *, universal=False, applies=None, battery=True, 
 
     return Property(id=id, statement=statement, cases=cases, check=check, explicit=explicit,
                     applies=applies or (lambda spec, ctx: None), universal=universal,
-                    examples_scale=scale, verify=verify)
+                    examples_scale=scale, verify=verify,
+                    dtypes=_low_units if low else None)
+
+
+def _low_units(spec, ctx):
+    return ctx.low_dtypes
+
+
+def _reference_units(spec, ctx):
+    return ctx.full_dtypes + ctx.low_dtypes
 
 
 def _jac(id, statement, check, *, applies=None, scale=0.5):
     return Property(id=id, statement=statement, cases=C.jacobian_cases, check=check,
                     explicit=C.jacobian_battery, applies=applies or _needs_temperature,
-                    examples_scale=scale)
+                    examples_scale=scale, dtypes=_f64)
 
 
 _NO_HUGE = tuple(k for k in C.S.ALL_KINDS if k not in ("huge_range",))
@@ -111,7 +121,7 @@ _ALL = [
           U.check_order_preserving),
     Property(id="length_aware", statement="for a fixed-margin peak (+a, −a, …), L·max weight "
              "grows at least like L^(1/4) from L=16 to 4096 [choice]: no 1/L decay",
-             cases=C.peak_cases, check=P.check_length_aware, examples_scale=0.3),
+             cases=C.peak_cases, check=P.check_length_aware, examples_scale=0.3, dtypes=_f64),
     _rows("fully_masked_row", "an all-masked row returns all zeros and does not raise",
           U.check_fully_masked_row, min_batch=2, verify=U.verify_fully_masked_row),
     _rows("dtype_agreement", "float16 / bfloat16 weights match the float64 weights of the "
@@ -122,35 +132,37 @@ _ALL = [
              "(evaluated in float64 on the same scores) within the dtype's tolerance; "
              "float16 / bfloat16 too when --dtypes asks", cases=R.reference_cases,
              check=R.check_matches_reference, explicit=R.reference_battery,
-             applies=R.needs_reference, examples_scale=0.4),
+             applies=R.needs_reference, examples_scale=0.4, dtypes=_reference_units),
     Property(id="gradient", statement="reverse mode (and forward mode where it exists) matches "
              "float64 central differences along random directions; kinks are stepped over",
              cases=G.gradient_cases, check=G.check_gradient, explicit=G.gradient_battery,
-             applies=G.differentiable, universal=True, examples_scale=0.3),
+             applies=G.differentiable, universal=True, examples_scale=0.3, dtypes=_f64),
     Property(id="double_backward", statement="the gradient is differentiable (grad of grad) and "
              "its derivative matches float64 central differences of the gradient",
              cases=G.gradient_cases, check=G.check_double_backward,
-             explicit=G.gradient_battery, applies=G.differentiable, examples_scale=0.2),
+             explicit=G.gradient_battery, applies=G.differentiable, examples_scale=0.2,
+             dtypes=_f64),
     # ---- paper A
     Property(id="lemma1_weight_bounds", statement="C1/L ≤ α_i ≤ C2/L for logits in [−a, a], "
              "C2 = max F / min F (Lemma 1)", cases=C.bounded_cases, check=P.check_lemma1,
-             applies=_needs_kernel),
+             applies=_needs_kernel, dtypes=_f64),
     Property(id="cor1_softmax_weight_bounds", statement="(1/L)e^{−2Δ/T} ≤ α_i ≤ (1/L)e^{2Δ/T}, "
-             "Δ = ‖q‖·max‖k_j‖ (Corollary 1)", cases=C.query_key_cases, check=P.check_cor1),
+             "Δ = ‖q‖·max‖k_j‖ (Corollary 1)", cases=C.query_key_cases, check=P.check_cor1,
+             dtypes=_f64),
     Property(id="thm1_fixed_distance", statement="d̃ ≤ (1−ᾱ_N)d_1 + max‖x_j‖·[ᾱ_N(L−N) − "
              "(1−ᾱ_N)] for the top-N set (Theorem 1.1)",
-             cases=lambda s, c: C.embedding_cases(s, c), check=P.check_thm1_fixed),
+             cases=lambda s, c: C.embedding_cases(s, c), check=P.check_thm1_fixed, dtypes=_f64),
     Property(id="thm1_random_distance", statement="E[d̃] over uniform N-subsets ≥ the Jensen "
              "main term, i.e. ε ≥ 0 (Theorem 1.2, exact enumeration, L ≤ 10)",
              cases=lambda s, c: C.embedding_cases(s, c, max_length=C.RANDOM_TOPN_MAX_LENGTH),
-             check=P.check_thm1_random, examples_scale=0.5),
+             check=P.check_thm1_random, examples_scale=0.5, dtypes=_f64),
     Property(id="thm2_separation_lower", statement="N_s/N ≥ 1 − (1/(rN))Σξ_i on the sphere "
              "(Theorem 2, lower)", cases=lambda s, c: C.embedding_cases(s, c, sphere=True),
-             check=P.check_thm2_lower),
+             check=P.check_thm2_lower, dtypes=_f64),
     Property(id="thm2_separation_upper", statement="N_s/N ≤ (1/N)Σ exp(−(r − ξ_i)²/(16M²)) per "
              "instance (Theorem 2, upper; false as stated)",
              cases=lambda s, c: C.embedding_cases(s, c, sphere=True),
-             check=P.check_thm2_upper),
+             check=P.check_thm2_upper, dtypes=_f64),
     _jac("lemma2_jacobian", "‖J‖₂ ≤ (max|F'|/(L·min F))·(1 + max F/min F) (Lemma 2, derived)",
          P.check_lemma2, applies=lambda s, c: _needs_kernel(s, c) or _needs_temperature(s, c)),
     _jac("cor3_entrywise", "max_ij |∂α_i/∂l_j| ≤ 1/(4T) (Corollary 3, entry-wise)",

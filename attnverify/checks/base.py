@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from dataclasses import replace as _replace
 from typing import Any
 
 import torch
@@ -57,15 +58,49 @@ class Context:
     #: ``--reference REF``: the target string every target is compared with (matches_reference).
     reference: str | None = None
 
+    #: The one dtype of the unit being run (:mod:`attnverify.shard`): ``full_dtypes`` and
+    #: ``low_dtypes`` then hold it alone (or nothing); ``None``: every dtype of ``dtypes``.
+    unit_dtype: torch.dtype | None = None
+    #: ``certify --shard K/N``: the :class:`attnverify.shard.Shard` whose units run here
+    #: (``None``: every unit).
+    shard: Any = None
+
     @property
     def full_dtypes(self) -> tuple[torch.dtype, ...]:
         """Dtypes checked directly (float32 / float64); half types are checked by agreement."""
+        return self._unit(self.all_full_dtypes)
+
+    @property
+    def low_dtypes(self) -> tuple[torch.dtype, ...]:
+        return self._unit(self.all_low_dtypes)
+
+    @property
+    def all_full_dtypes(self) -> tuple[torch.dtype, ...]:
+        """:attr:`full_dtypes` of the whole run, whatever the unit."""
         full = tuple(d for d in self.dtypes if d not in LOW_PRECISION)
         return full or (torch.float32,)
 
     @property
-    def low_dtypes(self) -> tuple[torch.dtype, ...]:
+    def all_low_dtypes(self) -> tuple[torch.dtype, ...]:
         return tuple(d for d in self.dtypes if d in LOW_PRECISION)
+
+    def _unit(self, dtypes: tuple[torch.dtype, ...]) -> tuple[torch.dtype, ...]:
+        if self.unit_dtype is None:
+            return dtypes
+        return tuple(d for d in dtypes if d == self.unit_dtype)
+
+    def unit_position(self, dtype: torch.dtype) -> int:
+        """Where ``dtype`` stands among the run's dtypes of its kind (full or half): the
+        explicit cases of a unit continue where the unit before it stopped, and only the first
+        unit of a kind adds the cases that are not per dtype (a long row, many rows)."""
+        family = self.all_low_dtypes if dtype in LOW_PRECISION else self.all_full_dtypes
+        return family.index(dtype) if self.unit_dtype is not None and dtype in family else 0
+
+
+def own_float64(spec, ctx) -> tuple[torch.dtype, ...]:
+    """:attr:`Property.dtypes` of a property whose cases are float64 whatever ``--dtypes``
+    says: one unit."""
+    return (torch.float64,)
 
 
 @dataclass(frozen=True)
@@ -88,6 +123,22 @@ class Property:
     #: The check on the exact input of a violation (``Violation.input`` as the case's scores);
     #: ``None``: ``check`` itself. Set for checks that build their input from the case.
     verify: Callable[[NormalizerSpec, Any, Context], float] | None = None
+    #: The dtypes its cases take in ``ctx``, one unit of work each (:mod:`attnverify.shard`):
+    #: a unit runs with ``ctx.unit_dtype`` set to its dtype. ``None``: ``ctx.full_dtypes``.
+    #: A property whose cases have a dtype of their own (float64) returns that one.
+    dtypes: Callable[[NormalizerSpec, Context], tuple[torch.dtype, ...]] | None = None
+
+    @property
+    def own_dtype(self) -> bool:
+        """Its cases have a dtype of their own (:func:`own_float64`): its one unit runs in the
+        run's context, not restricted to a dtype."""
+        return self.dtypes is own_float64
+
+    def unit_dtypes(self, spec: NormalizerSpec, ctx: Context) -> tuple[torch.dtype, ...]:
+        """The dtypes of its units in ``ctx`` (the whole run's, never one unit's)."""
+        whole = ctx if ctx.unit_dtype is None else _replace(ctx, unit_dtype=None)
+        out = tuple(self.dtypes(spec, whole)) if self.dtypes is not None else whole.full_dtypes
+        return tuple(dict.fromkeys(out)) or whole.all_full_dtypes[:1]
 
     def recheck(self, spec: NormalizerSpec, case: Any, ctx: Context) -> float:
         """Check ``case`` as a repro does: with :attr:`verify` when the property has one."""

@@ -216,18 +216,26 @@ def row_battery(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None,
     the many-row cases."""
     kinds = _kinds(spec, kinds, allow_mask)
     dtypes = tuple(dtypes or ctx.full_dtypes)
+    if not dtypes:
+        return []
     t = battery_temperature(spec, ctx)
     out = []
+    # a unit of one dtype (ctx.unit_dtype) takes the layouts where the unit before it stopped;
+    # the cases that are not per dtype belong to the first unit alone
+    position = ctx.unit_position(dtypes[0])
+    base = position * len(kinds)
     for dtype in dtypes:
         for kind in kinds:
             length = 1 if kind == "single" else 9
-            rank = BATTERY_LAYOUTS[len(out) % len(BATTERY_LAYOUTS)][1]
+            rank = BATTERY_LAYOUTS[(base + len(out)) % len(BATTERY_LAYOUTS)][1]
             count = 1 if rank == 1 and min_batch <= 1 and kind != "mixed_scale" else \
                 max(BATTERY_ROWS, min_batch)
             rows = S.build_rows(kind, length=length, batch=count, dtype=dtype, seed=7,
                                 device=ctx.device)
-            layout = battery_layout(spec, rows.batch, length, len(out))
+            layout = battery_layout(spec, rows.batch, length, base + len(out))
             out.append(RowCase(rows.scores, t, kind, 7, layout))
+    if position:
+        return out
     if spec.takes_temperature and ctx.temperature is None:
         rows = S.build_rows("gaussian", length=12, batch=2, dtype=dtypes[0], scale=3.0, seed=11,
                             device=ctx.device)

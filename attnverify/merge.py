@@ -1,0 +1,178 @@
+"""``attnverify merge``: partial certificates (``certify --shard K/N``) into one.
+
+Each part lists the plan of the whole run (every unit and its shard) and holds, per property, the
+whole result of each unit it ran. The merge checks that the parts belong together (one run: the
+same versions, profile, seed, dtypes, device, targets, claims and plan; one part per shard), then
+rebuilds each property from its units with :func:`attnverify.certify.combine`, the function an
+unsharded run uses, so the merged certificate is the unsharded one, result for result. A shard
+that is not given leaves its units ``not_checked``: the targets they belong to read
+``not_checked``, never ``certified``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from attnverify.errors import UsageError
+
+#: Top-level keys every part of one run shares (they describe the run).
+SAME = ("schema_version", "attnverify_version", "torch_version", "device", "profile", "seed",
+        "dtypes", "max_examples", "timeout_s", "isolation_mode")
+#: Per-target keys every part shares.
+SAME_TARGET = ("claims", "params", "reference", "reference_owner")
+
+
+def load_part(path: str) -> dict[str, Any]:
+    """One partial certificate, or a usage error naming ``path``."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"merge: cannot read {path}: {exc.__class__.__name__}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"merge: {path} is not JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("targets"), list):
+        raise UsageError(f"merge: {path} is not an attnverify certificate")
+    shard = data.get("shard")
+    if not isinstance(shard, dict) or not isinstance(shard.get("plan"), dict):
+        raise UsageError(f"merge: {path} is not a partial certificate (made without "
+                         "certify --shard K/N)")
+    for key in ("index", "count"):
+        if not isinstance(shard.get(key), int) or isinstance(shard.get(key), bool):
+            raise UsageError(f"merge: {path}: shard.{key} is not an integer")
+    return data
+
+
+def check_together(parts: list[tuple[str, dict]]) -> None:
+    """Usage error (one line) unless the parts are shards of one run, each given once."""
+    first_path, first = parts[0]
+    for path, data in parts[1:]:
+        for key in SAME:
+            if data.get(key) != first.get(key):
+                raise UsageError(f"merge: {path} and {first_path} differ in {key} "
+                                 f"({_short(data.get(key))} vs {_short(first.get(key))}): "
+                                 "not shards of one run")
+        names = [t.get("target") for t in data["targets"]]
+        first_names = [t.get("target") for t in first["targets"]]
+        if names != first_names:
+            raise UsageError(f"merge: {path} and {first_path} certify different targets "
+                             f"({_short(names)} vs {_short(first_names)})")
+        for t, u in zip(data["targets"], first["targets"]):
+            for key in SAME_TARGET:
+                if t.get(key) != u.get(key):
+                    raise UsageError(f"merge: {path} and {first_path} differ in the {key} of "
+                                     f"{t.get('target')!r} ({_short(t.get(key))} vs "
+                                     f"{_short(u.get(key))})")
+        if data["shard"]["count"] != first["shard"]["count"]:
+            raise UsageError(f"merge: {path} is a shard of {data['shard']['count']}, "
+                             f"{first_path} of {first['shard']['count']}")
+        if data["shard"]["plan"] != first["shard"]["plan"]:
+            raise UsageError(f"merge: {path} and {first_path} were planned differently (other "
+                             "targets, claims, properties or dtypes)")
+    seen: dict[int, str] = {}
+    for path, data in parts:
+        k, n = data["shard"]["index"], data["shard"]["count"]
+        if not 1 <= k <= n:
+            raise UsageError(f"merge: {path}: shard {k}/{n} is out of range")
+        if k in seen:
+            raise UsageError(f"merge: {path} and {seen[k]} are both shard {k}/{n} "
+                             "(overlapping shards)")
+        seen[k] = path
+        planned = sorted(u for u, owner in data["shard"]["plan"].items() if owner == k)
+        if sorted(data["shard"].get("units") or []) != planned:
+            raise UsageError(f"merge: {path}: the units it lists are not those its plan gives "
+                             f"shard {k}/{n}")
+
+
+def _short(value, limit: int = 60) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def merge_parts(parts: list[tuple[str, dict]]) -> dict[str, Any]:
+    """The merged certificate of ``parts`` (``[(path, data)]``, already :func:`check_together`):
+    the unsharded run's certificate, with ``merged_from`` (each part's shard, machine and checker
+    pid) and ``missing_shards`` (the shards not given)."""
+    from attnverify.certify import PropertyResult, TargetResult, combine
+    from attnverify.shard import unit_id
+
+    first = parts[0][1]
+    device = first.get("device") or "cpu"
+    count = first["shard"]["count"]
+    plan = first["shard"]["plan"]
+    given = {data["shard"]["index"] for _, data in parts}
+    missing = sorted(set(range(1, count + 1)) - given)
+    missing_text = (f"belong to shard{'s' if len(missing) > 1 else ''} "
+                    f"{', '.join(f'{k}/{count}' for k in missing)}, which was not merged"
+                    if missing else "")
+    targets = []
+    for ti, head in enumerate(first["targets"]):
+        name = head["target"]
+        versions = [data["targets"][ti] for _, data in parts]
+        target = TargetResult(target=name, claims=list(head.get("claims") or []),
+                              params=dict(head.get("params") or {}),
+                              reference=head.get("reference"),
+                              reference_owner=head.get("reference_owner"))
+        for version in versions:
+            target.worker_pids += [p for p in version.get("worker_pids") or []
+                                   if p not in target.worker_pids]
+        for ri, r in enumerate(head["results"]):
+            if not r.get("units"):  # not split into units (a target that failed to load)
+                target.results.append(PropertyResult.from_json(r))
+                continue
+            units = []
+            for u in r["units"]:
+                uid = unit_id(name, r["property"], u["dtype"], device)
+                owner = plan.get(uid)
+                ran = None
+                for _, data in parts:
+                    if data["shard"]["index"] == owner:
+                        mine = data["targets"][ti]["results"][ri]["units"]
+                        entry = next((x for x in mine if x["dtype"] == u["dtype"]), None)
+                        if entry is not None and entry.get("result"):
+                            ran = PropertyResult.from_json(entry["result"])
+                units.append((u["dtype"], ran))
+            target.results.append(combine(r["property"], bool(r.get("claimed", True)), units,
+                                          missing=missing_text))
+        targets.append(target)
+    out = dict(first)
+    out.pop("shard", None)
+    out["targets"] = [t.to_json() for t in targets]
+    out["checker_pid"] = None
+    out["merged_from"] = [{"shard": f"{d['shard']['index']}/{count}", "path": path,
+                           "checker_pid": d.get("checker_pid"), "machine": d.get("machine")}
+                          for path, d in sorted(parts, key=lambda p: p[1]["shard"]["index"])]
+    out["missing_shards"] = [f"{k}/{count}" for k in missing]
+    return out
+
+
+def run_merge_command(args) -> int:
+    """``attnverify merge``: exit 0 when every merged target is certified (or not applicable
+    here), 1 when a claimed property failed (after ``--xfails``) or a shard is missing, 2 on
+    parts that do not belong together (nothing is written)."""
+    from attnverify import report
+    from attnverify.xfails import load_xfails
+
+    report.check_outputs(json=args.json_path, markdown=args.markdown_path)
+    xfails = load_xfails(args.xfails) if args.xfails else None
+    parts = [(path, load_part(path)) for path in args.parts]
+    check_together(parts)
+    data = merge_parts(parts)
+    if xfails is not None:
+        from attnverify.xfails import check_entries
+
+        check_entries(xfails, [f"{t['target']}::{r['property']}" for t in data["targets"]
+                               for r in t["results"]])
+    code = report.finish_certify(args, data, xfails)
+    if data["missing_shards"]:
+        import sys
+
+        print(f"merge: incomplete: shard{'s' if len(data['missing_shards']) > 1 else ''} "
+              f"{', '.join(data['missing_shards'])} missing; their units are not_checked",
+              file=sys.stderr)
+        return max(code, 1)
+    return code
