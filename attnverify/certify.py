@@ -13,7 +13,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Collection
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import hypothesis
@@ -58,7 +58,8 @@ class PropertyResult:
 
     def to_json(self, *, partial: bool = False) -> dict[str, Any]:
         """The result; ``partial``: each unit with its whole result, for ``merge``."""
-        out = {k: v for k, v in asdict(self).items() if k != "units"}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name != "units"}  # plain JSON values already; units below
         if out["worst_ratio"] is not None:
             out["worst_ratio"] = number(out["worst_ratio"])  # one encoding: "inf", not 1e308
         out["elapsed_s"] = round(self.elapsed_s, 4)
@@ -142,6 +143,9 @@ class TargetResult:
     worker_pids: list[int] = field(default_factory=list)
     #: What the worker reported of its runtime (``softmax_kernel``); not written per target.
     runtime: dict[str, Any] = field(default_factory=dict)
+    #: A partial certificate's record of the side effects its worker saw (:func:`side_effects`):
+    #: ``merge`` fails ``no_side_effects`` on them wherever that property's units ran.
+    side_effects: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
@@ -174,6 +178,7 @@ class TargetResult:
             "certified_for": certified_for(declared) if coverage else None,
             "coverage": coverage,
             "results": [r.to_json(partial=partial) for r in self.results],
+            **({"side_effects": list(self.side_effects)} if partial else {}),
         }
 
 
@@ -263,8 +268,29 @@ def certify_target(
             progress(result.target, result.results[-1])
     if monitor is not None:
         result.worker_pids = list(dict.fromkeys(monitor.pids))
+        if shard is not None:
+            result.side_effects = side_effects(monitor, spec.params)
     result.runtime = dict(getattr(spec.fn, "runtime", None) or {})
     return result
+
+
+def side_effects(monitor, params: dict, limit: int = 8) -> list[dict[str, Any]]:
+    """The first side effects a target's worker reported (what changed, on which request, and
+    the input as a case when known), as JSON."""
+    out = []
+    for event in monitor.effects[:limit]:
+        entry: dict[str, Any] = {"what": event.what, "op": event.op, "call": event.call,
+                                 "case": None}
+        case = event.case
+        if hasattr(case, "_replace") and "scores" in getattr(case, "_fields", ()):
+            try:
+                if isinstance(event.input, torch.Tensor):
+                    case = case._replace(scores=event.input)
+                entry["case"] = encode_case(case, params)
+            except Exception:  # noqa: BLE001 - a record, not a check
+                entry["case"] = None
+        out.append(entry)
+    return out
 
 
 class _State:
@@ -293,7 +319,7 @@ def run_property(
     :func:`run_unit`."""
     dtypes = prop.unit_dtypes(spec, ctx)
     units = []
-    for dtype in dtypes:
+    for index, dtype in enumerate(dtypes):
         name = dtype_name(dtype)
         if select is not None and not select(name):
             units.append((name, None))
@@ -302,10 +328,17 @@ def run_property(
                                                message=skip_reason)))
         else:
             uctx = ctx if prop.own_dtype else dataclasses.replace(
-                ctx, unit_dtype=dtype,
+                ctx, unit_dtype=dtype, seed=unit_seed(ctx.seed, index),
                 max_examples=max(1, int(round(ctx.max_examples / len(dtypes)))))
             units.append((name, run_unit(prop, spec, uctx, claimed=claimed)))
     return combine(prop.id, claimed, units)
+
+
+def unit_seed(seed: int, index: int) -> int:
+    """The seed of a property's ``index``-th unit: the run's for the first, a fixed odd step
+    further for each next one, so that the float32 and float64 units of a property do not draw
+    the same rows (their repro lines carry the unit's seed)."""
+    return seed if index == 0 else (seed + index * 0x9E3779B97F4A7C15) % 2**64
 
 
 def run_unit(

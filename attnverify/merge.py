@@ -104,7 +104,8 @@ def merge_parts(parts: list[tuple[str, dict]]) -> dict[str, Any]:
     device = first.get("device") or "cpu"
     count = first["shard"]["count"]
     plan = first["shard"]["plan"]
-    given = {data["shard"]["index"] for _, data in parts}
+    by_index = {data["shard"]["index"]: data for _, data in parts}
+    given = set(by_index)
     missing = sorted(set(range(1, count + 1)) - given)
     missing_text = (f"belong to shard{'s' if len(missing) > 1 else ''} "
                     f"{', '.join(f'{k}/{count}' for k in missing)}, which was not merged"
@@ -125,19 +126,17 @@ def merge_parts(parts: list[tuple[str, dict]]) -> dict[str, Any]:
                 target.results.append(PropertyResult.from_json(r))
                 continue
             units = []
-            for u in r["units"]:
-                uid = unit_id(name, r["property"], u["dtype"], device)
-                owner = plan.get(uid)
+            for ui, u in enumerate(r["units"]):
+                data = by_index.get(plan.get(unit_id(name, r["property"], u["dtype"], device)))
                 ran = None
-                for _, data in parts:
-                    if data["shard"]["index"] == owner:
-                        mine = data["targets"][ti]["results"][ri]["units"]
-                        entry = next((x for x in mine if x["dtype"] == u["dtype"]), None)
-                        if entry is not None and entry.get("result"):
-                            ran = PropertyResult.from_json(entry["result"])
+                if data is not None:
+                    entry = data["targets"][ti]["results"][ri]["units"][ui]
+                    if entry.get("dtype") == u["dtype"] and entry.get("result"):
+                        ran = PropertyResult.from_json(entry["result"])
                 units.append((u["dtype"], ran))
             target.results.append(combine(r["property"], bool(r.get("claimed", True)), units,
                                           missing=missing_text))
+        _effects_seen_elsewhere(target, parts, ti, count, first.get("seed", 0))
         targets.append(target)
     out = dict(first)
     out.pop("shard", None)
@@ -148,6 +147,40 @@ def merge_parts(parts: list[tuple[str, dict]]) -> dict[str, Any]:
                           for path, d in sorted(parts, key=lambda p: p[1]["shard"]["index"])]
     out["missing_shards"] = [f"{k}/{count}" for k in missing]
     return out
+
+
+def _effects_seen_elsewhere(target, parts, index: int, count: int, seed) -> None:
+    """``no_side_effects`` checks every call of the run, but each shard's worker saw only that
+    shard's calls: a side effect any shard's worker reported (``side_effects`` of its part)
+    fails the merged property even where its own units held."""
+    import math
+
+    from attnverify.serialize import repro_command
+
+    result = next((r for r in target.results if r.property == "no_side_effects"), None)
+    if result is None or result.status != "holds":
+        return
+    for _, data in sorted(parts, key=lambda p: p[1]["shard"]["index"]):
+        effects = data["targets"][index].get("side_effects") or []
+        if not effects:
+            continue
+        event = effects[0]
+        result.status = "violated"
+        result.worst_ratio = math.inf
+        result.message = (f"a call of the normalizer ({event.get('op')} request, call "
+                          f"{event.get('call')} of shard {data['shard']['index']}/{count}) "
+                          f"changed the global state: {event.get('what')} (the worker "
+                          "restored it)")
+        case = event.get("case")
+        result.counterexample = None
+        if isinstance(case, dict):
+            result.counterexample = {**case, "observed": len(effects), "bound": 0,
+                                     "ratio": "inf",
+                                     "changes": [e.get("what") for e in effects],
+                                     "repro": repro_command(target.target, case,
+                                                            property="no_side_effects",
+                                                            reference=None, seed=seed or 0)}
+        return
 
 
 def run_merge_command(args) -> int:

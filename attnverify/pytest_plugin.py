@@ -68,6 +68,8 @@ _OPTIONS = [
      "(attnverify.xfails: strict; * ? [] allowed)"),
     ("reference", "ATTNVERIFY_REFERENCE", "compare every target with this normalizer (a target "
      "string), evaluated in float64: adds the claim matches_reference"),
+    ("shard", "ATTNVERIFY_SHARD", "run shard K/N of the units (as certify --shard) and "
+     "write a partial certificate for 'attnverify merge'"),
     ("attention", "ATTNVERIFY_ATTENTION", "attention kernel(s) with SDPA's signature, "
      "comma-separated: built-in id, module:attr or file.py:attr (attnverify.attention.suite)"),
 ]

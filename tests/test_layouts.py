@@ -218,9 +218,10 @@ def test_a_kernel_normalising_the_last_axis_whatever_dim_says_is_caught(capsys):
     ce = r["counterexample"]
     lay = ce["layout"]
     assert lay["dim"] not in (-1, len(lay["sizes"]) - 1) and len(lay["sizes"]) == 2
-    assert lay["kinds"] == ["contiguous"] and ce["shape"] == [1, 2]
+    # two entries: one row of two keys, or two rows of one key normalised along dim 0
+    assert lay["kinds"] == ["contiguous"] and sorted(ce["shape"]) == [1, 2]
     assert repro_exit(capsys, ce["repro"])[0] == 1
-    assert failing("last_axis_softmax", "simplex")["counterexample"]["shape"] == [1, 2]
+    assert sorted(failing("last_axis_softmax", "simplex")["counterexample"]["shape"]) == [1, 2]
 
 
 def test_a_kernel_mishandling_the_tail_chunk_of_rows_is_caught(capsys):

@@ -100,6 +100,10 @@ def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=Non
     monitor = monitor_of(spec)
     if monitor is not None:
         result.worker_pids = list(dict.fromkeys(monitor.pids))
+        if getattr(ctx, "shard", None) is not None:
+            from attnverify.certify import side_effects
+
+            result.side_effects = side_effects(monitor, dict(a.params))
     result.runtime = dict(getattr(a.fn, "runtime", None) or {})
     return result
 

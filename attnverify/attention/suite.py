@@ -38,7 +38,7 @@ def _option(config, name: str):
 def _key(config) -> tuple:
     return tuple(_option(config, n) for n in ("attention", "claims", "params", "profile", "seed",
                                                "max-examples", "dtypes", "device", "reference",
-                                               "timeout"))
+                                               "timeout", "shard"))
 
 
 @cache
@@ -53,7 +53,8 @@ def plan(key: tuple):
     from attnverify.errors import WorkerFailed
     from attnverify.registry import parse_params
 
-    targets, claims, params, profile, seed, max_examples, dtypes, device, reference, timeout = key
+    (targets, claims, params, profile, seed, max_examples, dtypes, device, reference, timeout,
+     shard) = key
     ctx = make_context(profile, dtypes=dtypes, device=device or "cpu",
                        max_examples=max_examples or None, seed=seed or 0,
                        timeout=timeout or None)
@@ -70,7 +71,29 @@ def plan(key: tuple):
         wanted = resolve_claims(a, chosen)
         for prop_id, pctx in property_plan(a, _lifted(a, wanted), wanted, ctx):
             out.append((name, a, wanted, prop_id, pctx))
-    return ctx, out
+    return _with_shard(ctx, out, shard, chosen)
+
+
+def _with_shard(ctx, out, text, chosen):
+    """``--attnverify-shard K/N``: the partition ``certify --attention … --shard K/N`` makes."""
+    import dataclasses
+
+    from attnverify.attention.run import units_of
+    from attnverify.commands import check_shard
+
+    class _Args:
+        shard, xfails = text, None
+
+    shard = check_shard(_Args, ctx)
+    if shard is None:
+        return ctx, out
+    from attnverify.shard import make_shard
+
+    kernels = {name: a for name, a, *_ in out}
+    units = [u for name, a in kernels.items() for u in units_of(a, chosen, ctx, name)]
+    part = make_shard(*shard, units)
+    return (dataclasses.replace(ctx, shard=part),
+            [(*case[:4], dataclasses.replace(case[4], shard=part)) for case in out])
 
 
 def pytest_generate_tests(metafunc):
@@ -110,10 +133,13 @@ def test_attention_property(attnverify_attention_case):
     from attnverify.attention.run import run_one
 
     name, a, claims, prop_id, ctx = attnverify_attention_case
-    res = run_one(a, claims, prop_id, ctx)
+    res = run_one(a, claims, prop_id, ctx, label=name)
     _RESULTS.append((name, claims, res))
     if res.status == "not_applicable":
         pytest.skip(f"{prop_id} not applicable to {name}: {res.message}")
+    if res.status == "not_checked":  # --attnverify-shard: its units are another shard's
+        pytest.skip(f"{name}::{prop_id} runs in another shard than "
+                    f"{ctx.shard.index}/{ctx.shard.count}")
     if res.status != "holds":
         repro = (res.counterexample or {}).get("repro", "")
         pytest.fail(f"{name}::{prop_id} {res.status}: {res.message}"

@@ -174,6 +174,10 @@ BATTERY_LAYOUTS = (
     ("transposed", 4, -3, True, 1),
     ("strided", 3, -1, False, 5),
     ("contiguous", 4, -4, False, 0),
+    # every axis of rank 4 in both spellings is given at least once (-1 … -4 above, 0 … 1 too)
+    ("permuted", 4, -2, True, 2),
+    ("contiguous", 4, -1, True, 4),
+    ("strided", 4, -3, False, 6),
 )
 #: Rows of an explicit case (one row where its layout has rank 1).
 BATTERY_ROWS = 4
