@@ -35,6 +35,7 @@ from attnverify.runconfig import (  # noqa: F401 - re-exported: the run configur
     hypothesis_settings,
     make_context,
     parse_dtypes,
+    seeded_generation,
 )
 from attnverify.serialize import encode_case, jsonable, number, repro_command  # noqa: F401
 from attnverify.shard import dtype_name
@@ -399,7 +400,8 @@ def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
         except Exception as exc:  # noqa: BLE001 - classified below
             failures.append((case, exc))
     try:
-        _hypothesis_test(prop, spec, ctx, state)()
+        with seeded_generation():  # the same cases in every process for one seed
+            _hypothesis_test(prop, spec, ctx, state)()
     except Exception as exc:  # noqa: BLE001 - classified below
         exc = _unwrap(exc)
         failures.append((getattr(exc, "attnverify_case", state.last), exc))

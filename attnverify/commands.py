@@ -169,21 +169,10 @@ def _run_certify(args) -> int:
 
 
 def check_shard(args, ctx) -> tuple[int, int] | None:
-    """``--shard K/N`` parsed (exit 2 on a bad one), and the options a shard cannot take: a seed
-    drawn per process (every shard must search with the same seed) and ``--xfails`` (applied to
-    the merged certificate, ``attnverify merge --xfails``)."""
-    from attnverify.shard import parse_shard
+    """:func:`attnverify.shard.check_options` for ``--shard`` and ``--xfails``."""
+    from attnverify.shard import check_options
 
-    shard = parse_shard(getattr(args, "shard", None))
-    if shard is None:
-        return None
-    if getattr(ctx, "seed_source", "fixed") == "random":
-        raise UsageError("--shard with --seed random: every shard must use the same seed; draw "
-                         "one for the whole run and give it to each shard (--seed S)")
-    if getattr(args, "xfails", None):
-        raise UsageError("--shard with --xfails: apply the xfails to the merged certificate "
-                         "(attnverify merge PART.json ... --xfails FILE)")
-    return shard
+    return check_options(getattr(args, "shard", None), ctx, xfails=getattr(args, "xfails", None))
 
 
 

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from functools import cache
@@ -106,6 +107,47 @@ def register_profiles() -> None:
     for name, limits in PROFILES.items():
         settings.register_profile(f"attnverify-{name}", max_examples=limits["max_examples"],
                                   **base)
+
+
+@contextlib.contextmanager
+def seeded_generation():
+    """Hypothesis draws that depend on the seed and the strategy alone.
+
+    Hypothesis (since 6.131) mixes into what it draws constants read from the source of every
+    *local* module loaded in the process (not site-packages; attnverify itself when installed
+    editable, a user's own modules in a pytest session). Which modules are loaded differs between
+    an unsharded run, a shard, a rerun after ``merge`` and a plugin session, so one seed would
+    draw different cases in each, and a sharded run would not merge into the unsharded
+    certificate. attnverify's searches run with that pool empty (and Hypothesis's cache of it
+    cleared on the way in and out); Hypothesis's own global constants stay. Without the internal
+    this relies on (another Hypothesis release), nothing is changed."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover - a Hypothesis without providers
+        yield
+        return
+    original = getattr(providers, "_get_local_constants", None)
+    constants = getattr(providers, "Constants", None)
+    cache = getattr(providers, "CONSTANTS_CACHE", None)
+    if original is None or constants is None:
+        yield
+        return
+    empty = constants()
+
+    def clear():
+        inner = getattr(cache, "cache", None)
+        if hasattr(inner, "clear"):
+            inner.clear()
+        elif hasattr(cache, "clear"):
+            cache.clear()
+
+    providers._get_local_constants = lambda: empty
+    clear()
+    try:
+        yield
+    finally:
+        providers._get_local_constants = original
+        clear()
 
 
 def hypothesis_settings(ctx, max_examples: int | None = None, *, phases=None):

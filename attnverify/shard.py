@@ -46,6 +46,23 @@ def parse_shard(text: str | None, option: str = "--shard") -> tuple[int, int] | 
     return k, n
 
 
+def check_options(text: str | None, ctx, *, xfails=None,
+                  option: str = "--shard") -> tuple[int, int] | None:
+    """``--shard K/N`` parsed (exit 2 on a bad one), and the options a shard cannot take: a seed
+    drawn per process (every shard must search with the same seed) and ``--xfails`` (applied to
+    the merged certificate, ``attnverify merge --xfails``)."""
+    shard = parse_shard(text, option)
+    if shard is None:
+        return None
+    if getattr(ctx, "seed_source", "fixed") == "random":
+        raise UsageError(f"{option} with --seed random: every shard must use the same seed; "
+                         "draw one for the whole run and give it to each shard (--seed S)")
+    if xfails:
+        raise UsageError(f"{option} with --xfails: apply the xfails to the merged certificate "
+                         "(attnverify merge PART.json ... --xfails FILE)")
+    return shard
+
+
 def dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

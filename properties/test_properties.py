@@ -60,14 +60,11 @@ def _load(config_key: tuple):
 def _with_shard(ctx, cases, text):
     """``ctx`` with the shard of ``--attnverify-shard K/N`` (the partition ``certify --shard``
     makes of the same targets)."""
-    from attnverify.shard import dtype_name, make_shard, parse_shard, unit_id
+    from attnverify.shard import check_options, dtype_name, make_shard, unit_id
 
-    shard = parse_shard(text, option="--attnverify-shard")
+    shard = check_options(text, ctx, option="--attnverify-shard")
     if shard is None:
         return ctx
-    if getattr(ctx, "seed_source", "fixed") == "random":
-        raise UsageError("--attnverify-shard with a random seed: every shard must use the same "
-                         "seed (give each the same --attnverify-seed S)")
     units = [unit_id(name, prop_id, dtype_name(d), ctx.device)
              for name, spec, prop_id in cases
              for d in PROPERTIES[prop_id].unit_dtypes(spec, ctx)]
@@ -163,7 +160,9 @@ def certificate_from_records(config, records: list[dict]) -> dict:
             if pid not in t.worker_pids:
                 t.worker_pids.append(pid)
         t.results.append(PropertyResult.from_json(rec["result"]))
-    order = list(PROPERTIES)
+    from attnverify.checks import LAST
+
+    order = [p for p in PROPERTIES if p not in LAST] + list(LAST)  # certify's order
     for t in targets.values():
         t.results.sort(key=lambda r: order.index(r.property))
         t.claims = [r.property for r in t.results if not PROPERTIES[r.property].universal]

@@ -86,3 +86,37 @@ def test_plugin_runs_the_target_behind_the_process_boundary(pytester, monkeypatc
         assert any(fragment in m for m in messages), (name, messages)
         assert result.ret == 1 and data["isolation_mode"] == "process"
         assert t["worker_pids"] and data["checker_pid"] not in t["worker_pids"]
+
+
+def test_plugin_shards_merge_into_what_certify_writes(pytester, monkeypatch, capsys):
+    """``--attnverify-shard K/N`` (and ``ATTNVERIFY_SHARD``) runs the partition certify --shard
+    makes; the parts merge into the certificate an unsharded ``attnverify certify`` writes."""
+    from attnverify.cli import main
+
+    target = f"{FIXTURES / 'planted.py'}:row_sum_off_softmax"
+    options = ["--profile", "dev", "--max-examples", "6"]
+    parts = [pytester.path / f"part-{k}.json" for k in (1, 2)]
+    outcomes = []
+    for k, part in zip((1, 2), parts):
+        if k == 2:
+            monkeypatch.setenv("ATTNVERIFY_SHARD", "2/2")
+        shard = [f"--attnverify-shard={k}/2"] if k == 1 else []
+        result = pytester.runpytest_subprocess(
+            f"--attnverify-target={target}", "--attnverify-profile=dev",
+            "--attnverify-max-examples=6", f"--attnverify-json={part}", *shard, "-q",
+            "-p", "no:cacheprovider")
+        outcomes.append(result.parseoutcomes())
+    assert sum(o.get("failed", 0) for o in outcomes) == 1  # simplex fails in one shard only
+    assert all(o.get("skipped", 0) for o in outcomes)  # the other shard's tests are skipped
+    merged, whole = pytester.path / "merged.json", pytester.path / "whole.json"
+    assert main(["merge", *map(str, parts), "--json", str(merged), "--quiet"]) == 1
+    assert main(["certify", target, *options, "--json", str(whole), "--quiet"]) == 1
+    capsys.readouterr()
+
+    def results(path):
+        return [{**{k: v for k, v in r.items() if k != "elapsed_s"},
+                 "units": [{k: v for k, v in u.items() if k != "elapsed_s"}
+                           for u in r["units"]]}
+                for r in json.loads(path.read_text())["targets"][0]["results"]]
+
+    assert results(merged) == results(whole)

@@ -320,3 +320,64 @@ def test_a_side_effect_recorded_by_a_shard_without_the_property_fails_it(capsys,
     assert nse["counterexample"]["scores"] == [[0.5, -1.0, 2.0]]
     assert nse["counterexample"]["repro"].startswith("attnverify repro softmax --property "
                                                      "no_side_effects")
+
+
+# --------------------------------------------------------------------------------------------
+# The same seed draws the same cases in every process
+
+
+#: A user's module full of numbers in the ranges the cases draw from (temperatures, scales,
+#: lengths, row counts, seeds).
+CONSTANTS = "VALUES = [" + ", ".join(f"{i * 0.033 + 1e-3:.6g}, {3 + 7 * i}" for i in
+                                     range(300)) + "]\n"
+
+
+def _draws(tmp_path, guard, label: str) -> tuple[list, list]:
+    """What a seeded Hypothesis run draws before and after a local module full of numbers is
+    imported, under ``guard``."""
+    import importlib
+    import sys
+
+    from hypothesis import given, seed, settings
+    from hypothesis import strategies as st
+
+    def run():
+        seen = []
+
+        @seed(7)
+        @settings(max_examples=40, database=None, derandomize=False)
+        @given(st.lists(st.integers(0, 3000), min_size=30, max_size=30))
+        def body(values):
+            seen.append(values)
+
+        with guard():
+            body()
+        return seen
+
+    before = run()
+    folder = tmp_path / "userpkg"
+    folder.mkdir(exist_ok=True)
+    name = f"constants_mod_{label}"
+    (folder / f"{name}.py").write_text(CONSTANTS)
+    sys.path.insert(0, str(folder))
+    try:
+        importlib.import_module(name)
+        return before, run()
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop(name, None)
+
+
+def test_the_cases_do_not_depend_on_the_modules_loaded(tmp_path):
+    """Hypothesis mixes constants from the source of the local modules loaded in the process
+    into its draws; a shard, an unsharded run and a pytest session load different ones.
+    attnverify's searches run without that pool (runconfig.seeded_generation): the same seed
+    draws the same values whatever was imported. Without it they would not."""
+    import contextlib
+
+    from attnverify.runconfig import seeded_generation
+
+    before, after = _draws(tmp_path, seeded_generation, "guarded")
+    assert before == after
+    before, after = _draws(tmp_path, contextlib.nullcontext, "plain")
+    assert before != after, "Hypothesis no longer mixes in local constants: the guard is moot"

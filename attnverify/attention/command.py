@@ -40,9 +40,9 @@ def run_certify(args) -> int:
     params = parse_params(args.params)
     claims = None if args.claims is None else split(args.claims)
     xfails = load_xfails(args.xfails) if args.xfails else None
-    from attnverify.commands import check_shard
+    from attnverify.shard import check_options
 
-    args.shard_spec = check_shard(args, ctx)
+    args.shard_spec = check_options(getattr(args, "shard", None), ctx, xfails=args.xfails)
     try:
         return _certify_opened(args, targets, params, claims, ctx, xfails)
     finally:

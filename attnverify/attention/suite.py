@@ -79,12 +79,9 @@ def _with_shard(ctx, out, text, chosen):
     import dataclasses
 
     from attnverify.attention.run import units_of
-    from attnverify.commands import check_shard
+    from attnverify.shard import check_options
 
-    class _Args:
-        shard, xfails = text, None
-
-    shard = check_shard(_Args, ctx)
+    shard = check_options(text, ctx, option="--attnverify-shard")
     if shard is None:
         return ctx, out
     from attnverify.shard import make_shard
