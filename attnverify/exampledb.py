@@ -152,11 +152,18 @@ def _check_directory(text: str, option: str) -> Path:
 
 
 def _writable(directory: Path) -> bool:
-    """Whether this process can create entries in ``directory``: the permission bits, then
-    (for root, who passes them, on a read-only or virtual file system) a probe file, removed at
-    once."""
+    """Whether this process can create entries in ``directory``: the permission bits and a
+    read-only mount say no; for root, whom permission bits never stop, a probe file (removed at
+    once) tells a virtual or read-only file system (``/proc``, ``/sys``) apart."""
     if not os.access(directory, os.W_OK | os.X_OK):
         return False
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return False
+    except (OSError, AttributeError):
+        pass
+    if hasattr(os, "geteuid") and os.geteuid() != 0:
+        return True
     try:
         fd, name = tempfile.mkstemp(prefix=".attnverify-probe-", dir=directory)
     except OSError:
