@@ -37,18 +37,16 @@ import contextvars
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from attnverify.errors import UsageError
-from attnverify.exampledb import ResilientDatabase, database_key, describe, open_database
+from attnverify.exampledb import ResilientDatabase, database_key, describe
 
 #: Stored witnesses replayed at the start of a search (fewest keys first).
 MAX_REPLAY_WITNESSES = 16
@@ -330,6 +328,8 @@ def run_workers(args, ctx, params: dict, database_text: str | None) -> tuple[dic
             for i in range(n):
                 workers.append(_start(args, ctx, params, database_text, temporary, i, scratch))
             _wait(workers)
+            for w in workers:
+                _tell_stop(w)  # done: its stop pipe closed
         except BaseException as exc:
             try:
                 _stop_all(workers)
@@ -353,15 +353,21 @@ def _start(args, ctx, params, database_text, temporary, index, scratch) -> _Work
            "budget": args.budget, "max_length": args.max_length, "database": database_text,
            "temporary": temporary, "worker": index, "parent": os.getpid(),
            "result": str(scratch / f"worker-{index}.json")}
+    proc = _spawn(job)
+    return _Worker(index, seed, proc, Path(job["result"]))
+
+
+def _spawn(job: dict) -> subprocess.Popen:
+    """A worker as a fresh interpreter (:mod:`attnverify.falsify_worker`; not a fork: this
+    process may run threads, torch's among them), its stdin the stop pipe. A session of its
+    own: Ctrl-C reaches the parent alone, which stops the workers between two evaluations (they
+    save what they found); they die with the parent (PDEATHSIG) and stop when their stdin
+    closes."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    # a session of its own: Ctrl-C reaches this process alone, which stops the workers between
-    # two evaluations (they save what they found); they die with this process (PDEATHSIG) and
-    # stop when their stdin closes
-    proc = subprocess.Popen([sys.executable, "-m", "attnverify.campaign", json.dumps(job)],
+    return subprocess.Popen([sys.executable, "-m", "attnverify.falsify_worker", json.dumps(job)],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
                             cwd=os.getcwd(), start_new_session=True)
-    return _Worker(index, seed, proc, Path(job["result"]))
 
 
 def _collect(w: _Worker) -> None:
@@ -434,6 +440,11 @@ def _merge(workers: list[_Worker], ctx) -> tuple[dict, str, int]:
     for w in sorted(workers, key=lambda w: w.finished):  # the first to finish with a witness
         res = w.result or {}
         data = res.get("json")
+        if res.get("stopped_early"):
+            runs.append({"worker": w.index, "seed": w.seed, "evaluations": 0, "seconds": 0.0,
+                         "stopped": "stopped", "falsified": False, "worst_ratio": None,
+                         "error": None})
+            continue
         if data is None:
             errors.append(res.get("error") or res.get("stopped") or
                           f"worker {w.index} stopped without a result")
@@ -460,6 +471,8 @@ def _merge(workers: list[_Worker], ctx) -> tuple[dict, str, int]:
     if found_by is None and errors:
         # as a single search: the code under test stopped a search (exit 1), reported as such
         return {}, "\n".join(f"error: {e}" for e in errors), 1
+    if chosen is None:
+        return {}, "error: no worker finished its search", 1
     runs.sort(key=lambda r: r["worker"])
     info = {"count": len(workers), "found_by": found_by,
             "evaluations": sum(r["evaluations"] or 0 for r in runs), "runs": runs}
@@ -470,71 +483,3 @@ def _merge(workers: list[_Worker], ctx) -> tuple[dict, str, int]:
              + (f"worker {found_by} (seed {chosen.seed}) found the witness" if found_by is not None
                 else "none found a witness")]
     return data, "\n".join(lines), 1 if data["falsified"] else 0
-
-
-def _watch_stdin(stop: threading.Event) -> None:
-    """The parent closes this worker's stdin (or dies): stop."""
-    try:
-        while os.read(0, 4096):  # the file descriptor: no lock that interpreter exit needs
-            pass
-    except OSError:
-        pass
-    stop.set()
-
-
-def _die_with_parent(parent: int) -> None:
-    """SIGKILL this worker when its parent dies (Linux; elsewhere the closed stdin stops it),
-    and exit now if it died already."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if parent and os.getppid() != parent:
-        os._exit(1)
-
-
-def worker_main(job: dict) -> int:
-    """One worker (``python -m attnverify.campaign JOB``): the search of :func:`run_workers`'s
-    job on the shared database, its result written atomically to ``job["result"]``."""
-    from attnverify.atomic import write_text_atomic
-    from attnverify.falsify import result_json, run_search, summary
-    from attnverify.isolation import falsify_isolated
-    from attnverify.runconfig import make_context
-
-    _die_with_parent(int(job.get("parent", 0)))
-    stop = threading.Event()
-    threading.Thread(target=_watch_stdin, args=(stop,), daemon=True).start()
-    out: dict[str, Any] = {"worker": job["worker"]}
-    try:
-        ctx = make_context(job["profile"], max_examples=job["max_examples"], seed=job["seed"],
-                           timeout=job["timeout"], isolation=False if job["no_isolation"] else None,
-                           budget=job["budget"], max_length=job["max_length"])
-        from attnverify.certify import fix_temperature
-
-        ctx = fix_temperature(ctx, job["params"])
-        shared = Shared(open_database(job["database"]), stop=stop.is_set,
-                        temporary=job["temporary"])
-        try:
-            res = run_search(job["target"], job["params"], job["inequality"], ctx, shared,
-                             isolated=falsify_isolated)
-        finally:
-            shared.database.close()
-        if isinstance(res, str):
-            out["error"] = res
-        else:
-            out["json"], out["summary"] = result_json(res, ctx), summary(res, ctx)
-    except UsageError as exc:
-        out["usage"] = str(exc)
-    except KeyboardInterrupt:
-        out["error"] = f"worker {job['worker']} was interrupted"
-    except Exception as exc:  # noqa: BLE001 - reported by the parent, as a single search would
-        out["error"] = f"worker {job['worker']}: {type(exc).__name__}: {exc}".splitlines()[0]
-    write_text_atomic(Path(job["result"]), json.dumps(out))
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover - run by run_workers
-    sys.exit(worker_main(json.loads(sys.argv[1])))

@@ -114,7 +114,7 @@ def _open_redis(text: str, option: str) -> ExampleDatabase:
                          username=unquote(parts.username) if parts.username else None,
                          password=unquote(parts.password) if parts.password else None,
                          socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S,
-                         retry=Retry(NoBackoff(), 0), retry_on_timeout=False)
+                         retry=Retry(NoBackoff(), 0))
     try:
         if client.ping() is not True:
             raise redis.exceptions.RedisError("PING was not answered with PONG")
