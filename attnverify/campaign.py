@@ -417,9 +417,9 @@ def _kill(w: _Worker) -> None:
 
 
 def _stop_all(workers: list[_Worker]) -> None:
-    """Ctrl-C (which the workers, in this process group, get too) or an error here: every
-    worker asked to stop before its next evaluation (it saves what it found), waited for, then
-    killed."""
+    """Ctrl-C (which reaches this process only: the workers run in sessions of their own) or an
+    error here: every worker asked to stop before its next evaluation (it saves what it found),
+    waited for up to :data:`STOP_GRACE_S`, then killed."""
     for w in workers:
         _tell_stop(w)
     deadline = time.monotonic() + STOP_GRACE_S
