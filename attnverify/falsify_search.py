@@ -573,7 +573,10 @@ def run_hypothesis(test, *, ctx, seed: int, max_examples: int, key: str, databas
         digest = hashlib.sha256(key.encode()).digest()
     wrapped = settings(test)
     wrapped._hypothesis_internal_database_key = digest
-    wrapped()
+    from attnverify.runconfig import seeded_generation
+
+    with seeded_generation():  # the same cases in every process for one seed
+        wrapped()
 
 
 # --------------------------------------------------------------------------------------------
