@@ -308,14 +308,32 @@ def _evaluate(prop: Property, spec, ctx, state: _State, case) -> float:
     return ratio
 
 
-def search_test(prop: Property, spec: NormalizerSpec, ctx: Context, state: _State):
+class WorkerStopped(Exception):
+    """The target's worker died, hung or broke the protocol on this case
+    (:class:`~attnverify.errors.WorkerFailed`), raised where a search goes on after it: an
+    ordinary failure, which Hypothesis shrinks and files (:mod:`attnverify.fuzz`)."""
+
+
+def search_test(prop: Property, spec: NormalizerSpec, ctx: Context, state: _State, *,
+                fuzz: bool = False):
     """The Hypothesis test of ``prop`` on ``spec`` (its strategy and its body), before settings
-    and seed: certify runs it seeded under the profile's settings (:func:`_hypothesis_test`),
-    :mod:`attnverify.fuzz` gives the same test to HypoFuzz."""
+    and seed: certify runs it seeded under the profile's settings (:func:`_hypothesis_test`).
+    :mod:`attnverify.fuzz` gives the same test to HypoFuzz (``fuzz``), where a failing worker is
+    a :class:`WorkerStopped` failure instead of the end of the search, and the target is
+    unlabelled: HypoFuzz buckets an unlabelled target by its power of two (a case that reaches
+    a new power is new behaviour, kept and mutated) but counts every value of a labelled one as
+    new behaviour."""
+    label = "" if fuzz else prop.id
+
     def body(case):
-        ratio = _evaluate(prop, spec, ctx, state, case)
+        try:
+            ratio = _evaluate(prop, spec, ctx, state, case)
+        except WorkerFailed as exc:
+            if not fuzz:
+                raise
+            raise WorkerStopped(f"the normalizer {exc.reason}") from None
         if math.isfinite(ratio):
-            hypothesis.target(min(ratio, 1e12), label=prop.id)
+            hypothesis.target(min(ratio, 1e12), label=label)
 
     return given(prop.cases(spec, ctx))(body)
 
