@@ -81,7 +81,26 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     return parser, commands
 
 
+#: Where Hypothesis keeps its own files (its cache of source constants) for command-line runs,
+#: unless ``HYPOTHESIS_STORAGE_DIRECTORY`` says: never a ``.hypothesis/`` in the working
+#: directory. Example databases are only where ``--database`` puts them.
+def hypothesis_home() -> str:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "attnverify", "hypothesis")
+
+
 def main(argv: list[str] | None = None) -> int:
+    key = "HYPOTHESIS_STORAGE_DIRECTORY"
+    if key in os.environ:
+        return _main(argv)
+    os.environ[key] = hypothesis_home()  # for this run (and its subprocesses) only
+    try:
+        return _main(argv)
+    finally:
+        os.environ.pop(key, None)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         parser, commands = build_parser()
         args = parser.parse_args(argv)

@@ -237,7 +237,22 @@ def _falsify_args(p: argparse.ArgumentParser) -> None:
                    help="longest row the search draws, masked keys included (default per "
                    "profile: " + ", ".join(f"{k} {v['max_length']}" for k, v in PROFILES.items())
                    + ")")
+    p.add_argument("--database", default=None, metavar="DIR|redis://HOST:PORT/DB",
+                   help="an example database shared with other runs, workers and machines (a "
+                   "directory, or a Redis server: pip install 'attnverify[fuzz]'): its witnesses "
+                   "for this target, bound and version are replayed first, and what this search "
+                   "finds is kept there (default: none)")
+    p.add_argument("--workers", type=_workers, default=1, metavar="N",
+                   help="search processes on this machine, worker i on seed SEED+i, sharing the "
+                   "database (a temporary one without --database); the first shrunk witness stops "
+                   "them all (default 1)")
     p.add_argument("--json", dest="json_path", default=None, help="write the result as JSON")
+
+
+def _workers(text: str) -> int:
+    from attnverify.campaign import check_workers
+
+    return _argument_type(check_workers)(text)
 
 
 def _run_falsify(args) -> int:

@@ -114,7 +114,7 @@ def _open_redis(text: str, option: str) -> ExampleDatabase:
                          username=unquote(parts.username) if parts.username else None,
                          password=unquote(parts.password) if parts.password else None,
                          socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S,
-                         retry=Retry(NoBackoff(), 0), retry_on_timeout=False)
+                         retry=Retry(NoBackoff(), 0))
     try:
         if client.ping() is not True:
             raise redis.exceptions.RedisError("PING was not answered with PONG")
@@ -152,11 +152,18 @@ def _check_directory(text: str, option: str) -> Path:
 
 
 def _writable(directory: Path) -> bool:
-    """Whether this process can create entries in ``directory``: the permission bits, then
-    (for root, who passes them, on a read-only or virtual file system) a probe file, removed at
-    once."""
+    """Whether this process can create entries in ``directory``: the permission bits and a
+    read-only mount say no; for root, whom permission bits never stop, a probe file (removed at
+    once) tells a virtual or read-only file system (``/proc``, ``/sys``) apart."""
     if not os.access(directory, os.W_OK | os.X_OK):
         return False
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return False
+    except (OSError, AttributeError):
+        pass
+    if hasattr(os, "geteuid") and os.geteuid() != 0:
+        return True
     try:
         fd, name = tempfile.mkstemp(prefix=".attnverify-probe-", dir=directory)
     except OSError:

@@ -115,6 +115,9 @@ class FalsifyResult:
     undefined_example: Evaluation | None = None
     #: How hard the search looked (issue #18).
     search: SearchReport | None = None
+    #: The example database shared with other runs (``--database``, issue #19): where, what was
+    #: replayed and saved, whether it was lost (:meth:`attnverify.campaign.Shared.to_json`).
+    database: dict[str, Any] | None = None
 
 
 def search_budget(ctx: Context, ineq: Inequality) -> Budget:
@@ -136,8 +139,16 @@ def make_search(spec: NormalizerSpec, ineq: Inequality, ctx: Context,
 
 def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None = None,
             params: dict[str, Any] | None = None) -> FalsifyResult:
-    """Search for a case where the inequality ``text`` fails (see the module docstring)."""
+    """Search for a case where the inequality ``text`` fails (see the module docstring).
+
+    Inside :func:`attnverify.campaign.sharing` (``--database``, ``--workers``) the search first
+    replays what the database holds for this bound, keeps every witness (the moment it is met,
+    then shrunk) and its best cases there, and gives the strata's Hypothesis runs the database;
+    it also stops before an evaluation when the shared ``stop`` says so."""
+    from attnverify import campaign
+
     ineq = parse_inequality(text, QUANTITIES)
+    shared = campaign.current()
     params = dict(params or {})
     if params.get("temperature") is not None and ctx.temperature is None:
         from attnverify.certify import fix_temperature
@@ -147,19 +158,29 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
     search = make_search(spec, ineq, ctx, params)
     key = "|".join([label or str(spec.id), ineq.normalized,
                     ",".join(f"{k}={v}" for k, v in sorted(params.items()))])
-    for name, share, run in PHASES:
-        if search.left() <= 0 or search.stopped == "time":
+    database = None
+    phases = PHASES
+    if shared is not None:
+        campaign.begin(shared, label or str(spec.id), ineq.normalized, params)
+        search.stop = shared.stop
+        database = shared.database
+        phases = (("replay", None, lambda s: campaign.replay(shared, s)), *PHASES)
+    for name, share, run in phases:
+        if search.left() <= 0 or search.stopped in ("time", "stopped"):
             break
         search.begin(name, share)
         try:
             if run is None:
-                run_strata(search, ctx.seed, key)
+                run_strata(search, ctx.seed, key, database=database)
             else:
                 run(search)
         except _Spent:
             continue
         except _Crossed:
             break
+    if shared is not None and search.witness is not None:
+        campaign.save_witness(shared, search.witness)  # before shrinking: an interrupt keeps it
+        shared.witness_replayed = search.witness_phase == "replay"
     search_s = time.perf_counter() - start
     report = SearchReport(search.budget, search.evaluations, dict(search.by_phase),
                           search.records, search.stopped, search_s)
@@ -171,6 +192,10 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
         report.first_witness_phase = search.witness_phase
         free_t = bool(spec.takes_temperature) and ctx.temperature is None
         witness, report.shrink_evaluations = shrink_witness(search, witness, free_t)
+        if shared is not None:
+            campaign.save_witness(shared, witness)
+    elif shared is not None:
+        campaign.save_near(shared, search)
     worst = search.worst
     if witness is not None and (worst is None or witness.ratio > worst.ratio):
         worst = witness  # the shrunk witness can break the bound by more than the first case
@@ -179,6 +204,7 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
         examples=search.evaluations, elapsed_s=time.perf_counter() - start, worst=worst,
         witness=witness, params=dict(params), undefined=search.undefined,
         undefined_example=search.undefined_example, search=report,
+        database=None if shared is None else shared.to_json(),
     )
 
 
@@ -214,6 +240,8 @@ def result_json(res: FalsifyResult, ctx: Context) -> dict[str, Any]:
         "repro": repro(res, ctx),
         "rerun": rerun(res, ctx),
         "search": res.search.to_json() if res.search else None,
+        "database": res.database,
+        "workers": None,
     }
 
 
@@ -278,6 +306,9 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
                      f"not a violation), e.g. at {vals}")
     if report is not None:
         lines.extend(_search_lines(report))
+    from attnverify.campaign import summary_lines
+
+    lines.extend(summary_lines(res.database))
     lines.append(f"  repro: {repro(res, ctx)}")
     return "\n".join(lines)
 
@@ -287,7 +318,8 @@ def _count(n: int, noun: str) -> str:
 
 
 _STOPPED = {"witness": "stopped at the first witness", "budget": "evaluations spent",
-            "time": "stopped by the time cap (--budget)"}
+            "time": "stopped by the time cap (--budget)",
+            "stopped": "stopped: another worker found a witness"}
 
 
 def _search_lines(report: SearchReport) -> list[str]:
@@ -307,12 +339,41 @@ def _search_lines(report: SearchReport) -> list[str]:
     return out
 
 
+def run_search(target: str, params: dict[str, Any], text: str, ctx, shared=None, *,
+               isolated=None) -> FalsifyResult | str:
+    """One search of ``text`` on ``target``: its result, or the one-line report of a search that
+    the code under test stopped. ``isolated(target, params, text, ctx)`` runs it with the target
+    in a worker process (:func:`attnverify.isolation.falsify_isolated`); None loads the target
+    here. ``shared`` (:class:`attnverify.campaign.Shared`): the database it replays and fills."""
+    from attnverify.campaign import sharing
+    from attnverify.registry import load_target
+
+    with sharing(shared):
+        if isolated is not None:  # loaded in a worker process (in this one: --no-isolation)
+            res = isolated(target, params, text, ctx)
+            if isinstance(res, tuple):
+                return _stopped(*res)
+        else:
+            spec = load_target(target, params)
+            try:
+                res = falsify(spec, text, ctx, label=target, params=params)
+            except UsageError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - most likely the normalizer raising
+                return f"error: the search stopped on {type(exc).__name__}: {exc}".splitlines()[0]
+    res.params = params
+    return res
+
+
 def run_falsify_command(args, isolated=None) -> int:
     """The ``falsify`` command. ``isolated(target, params, text, ctx)`` runs the search in a
     worker process (:func:`attnverify.isolation.falsify_in_worker`; the command line passes it)
-    and returns the result, or ``(message, case)`` when the code under test stopped it."""
+    and returns the result, or ``(message, case)`` when the code under test stopped it.
+    ``--database`` and ``--workers``: :mod:`attnverify.campaign`."""
+    from attnverify import campaign
     from attnverify.certify import make_context
-    from attnverify.registry import load_target, parse_params
+    from attnverify.exampledb import open_database
+    from attnverify.registry import parse_params
     from attnverify.report import check_writable, write_json
 
     ctx = make_context(args.profile, max_examples=args.max_examples, seed=args.seed,
@@ -324,22 +385,27 @@ def run_falsify_command(args, isolated=None) -> int:
 
     ctx = fix_temperature(ctx, params)  # a bad temperature is exit 2, before any work
     parse_inequality(args.inequality, QUANTITIES)  # a usage error before any work
-    if isolated is not None:  # loaded in a worker process (in this one under --no-isolation)
-        res = isolated(args.target, params, args.inequality, ctx)
-        if isinstance(res, tuple):
-            print(_stopped(*res))
-            return 1
-        res.params = params
-    else:
-        spec = load_target(args.target, params)
-        try:
-            res = falsify(spec, args.inequality, ctx, label=args.target, params=params)
-            res.params = params
-        except UsageError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - most likely the normalizer raising on a case
-            print(f"error: the search stopped on {type(exc).__name__}: {exc}".splitlines()[0])
-            return 1
+    workers = campaign.check_workers(getattr(args, "workers", 1) or 1)
+    database_text = getattr(args, "database", None)
+    database = None if database_text is None else open_database(database_text)  # exit 2 here
+    if workers > 1:
+        if database is not None:
+            database.close()  # checked; each worker opens its own connection
+        args.workers = workers
+        data, text, code = campaign.run_workers(args, ctx, params, database_text)
+        print(text)
+        if args.json_path and data:
+            write_json(args.json_path, data)
+        return code
+    shared = None if database is None else campaign.Shared(database)
+    try:
+        res = run_search(args.target, params, args.inequality, ctx, shared, isolated=isolated)
+    finally:
+        if database is not None:
+            database.close()
+    if isinstance(res, str):
+        print(res)
+        return 1
     print(summary(res, ctx))
     if args.json_path:
         write_json(args.json_path, result_json(res, ctx))

@@ -248,6 +248,9 @@ class Search:
     undefined: int = 0
     undefined_example: Evaluation | None = None
     stopped: str = "budget"
+    #: Asked before each evaluation: True stops the search at once (``stopped = "stopped"``;
+    #: ``falsify --workers``: another worker has a witness).
+    stop: Any = None
 
     def __post_init__(self) -> None:
         self.records = [StratumRecord(s) for s in strata(self.budget.max_length)]
@@ -285,6 +288,9 @@ class Search:
         if self.out_of_time():
             self.stopped = "time"
             raise _Spent()
+        if self.stop is not None and self.stop():
+            self.stopped = "stopped"
+            raise _Crossed()
         self.evaluations += 1
         self.by_phase[self.phase] = self.by_phase.get(self.phase, 0) + 1
         ev = evaluate(self.spec, self.ineq, case, self.params)
@@ -510,9 +516,12 @@ def stratum_cases(draw, stratum: Stratum, search: Search):
     return FalsifyCase(row, t, f"strata:{style}", seed)
 
 
-def run_strata(search: Search, seed: int, key: str) -> None:
+def run_strata(search: Search, seed: int, key: str, database=None) -> None:
     """One seeded Hypothesis run per stratum, each with its share of the phase's evaluations and
-    its own ``hypothesis.target`` label (generate, then hill-climb on the label)."""
+    its own ``hypothesis.target`` label (generate, then hill-climb on the label). With an example
+    ``database`` (``falsify --database``) each stratum's run first replays what the database holds
+    for it (Phase.reuse) and leaves its best cases there (Hypothesis's own Pareto front of the
+    targeted merit), under :func:`attnverify.exampledb.database_key` of ``key`` and the stratum."""
     records = list(search.records)
     for i, record in enumerate(records):
         share = search.phase_left() // (len(records) - i)
@@ -522,7 +531,7 @@ def run_strata(search: Search, seed: int, key: str) -> None:
         probe = _probe(search, label, search.evaluations + share)
         test = given(stratum_cases(record.stratum, search))(probe)
         run_hypothesis(test, ctx=search.ctx, seed=_stratum_seed(seed, label),
-                       max_examples=share, key=f"{key}|{label}")
+                       max_examples=share, key=f"{key}|{label}", database=database)
 
 
 def _probe(search: Search, label: str, cap: int):
@@ -548,14 +557,22 @@ def _stratum_seed(seed: int, label: str) -> int:
 STRATA_PHASES = (Phase.reuse, Phase.generate, Phase.target)
 
 
-def run_hypothesis(test, *, ctx, seed: int, max_examples: int, key: str) -> None:
+def run_hypothesis(test, *, ctx, seed: int, max_examples: int, key: str, database=None) -> None:
     """Run one stratum's Hypothesis test under the profile's settings, seeded, with a database
-    key of its own (the digest of the target, the inequality and the stratum), so that an
-    example database in the settings keeps each stratum's best cases apart."""
+    key of its own (the target, the inequality and the stratum, and with a ``database`` the
+    attnverify version: :func:`attnverify.exampledb.database_key`), so that an example database
+    keeps each stratum's best cases apart. Without ``database`` the profile's (none) stands."""
     test = hypothesis.seed(seed)(test)
     settings = hypothesis_settings(ctx, max_examples=max(1, max_examples), phases=STRATA_PHASES)
+    if database is not None:
+        from attnverify.exampledb import database_key
+
+        settings = hypothesis.settings(settings, database=database)
+        digest = database_key("strata", key)
+    else:
+        digest = hashlib.sha256(key.encode()).digest()
     wrapped = settings(test)
-    wrapped._hypothesis_internal_database_key = hashlib.sha256(key.encode()).digest()
+    wrapped._hypothesis_internal_database_key = digest
     wrapped()
 
 
