@@ -26,6 +26,7 @@ and ``certify`` share entries whatever directory the campaign was started from.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -36,6 +37,7 @@ from attnverify.errors import UsageError, WorkerFailed
 
 TARGET_ENV = "ATTNVERIFY_FUZZ_TARGET"
 DATABASE_ENV = "ATTNVERIFY_FUZZ_DATABASE"
+EXPRESSION_ENV = "ATTNVERIFY_FUZZ_EXPRESSION"
 #: Every variable the entry reads, with what it means (``--`` options of ``certify``).
 ENV = {
     TARGET_ENV: "the target (as certify's TARGET: built-in id, module:attr, file.py:attr; several "
@@ -49,6 +51,9 @@ ENV = {
     "ATTNVERIFY_FUZZ_REFERENCE": "as --reference REF",
     "ATTNVERIFY_FUZZ_PROPERTIES": "only these property ids (comma-separated; default: every "
                                   "property certify runs on the target)",
+    EXPRESSION_ENV: "falsify's inequality (as falsify TARGET EXPR): fuzz falsify's strata for "
+                    "it instead of certify's properties",
+    "ATTNVERIFY_FUZZ_MAX_LENGTH": "with an inequality: as falsify --max-length",
 }
 #: Also read, as certify reads them: ATTNVERIFY_PROFILE (the strategies' longest row) and
 #: ATTNVERIFY_ISOLATION.
@@ -250,7 +255,7 @@ def certify_tests(environ=None) -> dict[str, Any]:
                         f"{test.__name__}__{_ident(target)}"
                     tests[name] = test
     finally:
-        remote.zygote().close()  # this process only plans; a test restarts what it needs
+        remote.shutdown()  # the worker is closed; a test restarts it where it runs
     return tests
 
 
@@ -327,7 +332,9 @@ def _threads(ctx) -> None:
 
 def entry_tests(environ=None) -> dict[str, Any]:
     """The tests of ``properties/test_fuzz.py``: the units of the environment's target
-    (:func:`certify_tests`), or one test skipped with :data:`SKIP_REASON` when none is set.
+    (:func:`certify_tests`), the strata of falsify's search when :data:`EXPRESSION_ENV` names an
+    inequality (:func:`falsify_tests`), or one test skipped with :data:`SKIP_REASON` when no
+    target is set.
     A usage error (a bad variable, a target that does not load) is a collection error naming
     the variable."""
     import pytest
@@ -343,7 +350,128 @@ def entry_tests(environ=None) -> dict[str, Any]:
 
         return {"test_fuzz_entry": test_fuzz_entry}
     try:
-        tests = certify_tests(environ)
+        tests = falsify_tests(environ) if _env(EXPRESSION_ENV, environ) else \
+            certify_tests(environ)
     except UsageError as exc:
         raise pytest.UsageError(f"attnverify fuzz: {exc}") from None
+    return tests
+
+
+# --------------------------------------------------------------------------------------------
+# falsify's strata as tests
+
+
+class Falsified(AssertionError):
+    """The inequality failed on this case (falsify's witness)."""
+
+
+def strata_key(label: str, normalized: str, params: dict[str, Any], stratum) -> bytes:
+    """The key under which ``falsify TARGET EXPR --database`` keeps a stratum's Hypothesis corpus
+    (:func:`attnverify.falsify_search.run_hypothesis`): the target as given, the normalized
+    inequality, the parameters as given and the stratum's name."""
+    from attnverify.exampledb import database_key
+
+    bound = "|".join([label, normalized, ",".join(f"{k}={v}" for k, v in sorted(params.items()))])
+    return database_key("strata", f"{bound}|{stratum.name}")
+
+
+def falsify_test(search, record, database: UnitKeys, *, label: str, witness_key: bytes):
+    """The ``@given`` test of one stratum of falsify's search: falsify's strategy
+    (:func:`attnverify.falsify_search.stratum_cases`) and evaluation (``search.evaluate``,
+    unlimited), the merit as an unlabelled target; a case that breaks the bound is a
+    :class:`Falsified` failure, and (fewest keys so far in this process first) a witness under
+    falsify's witness key, which ``falsify --database`` replays before it searches."""
+    import math
+
+    import hypothesis
+    from hypothesis import given
+
+    from attnverify import campaign
+    from attnverify.falsify_search import _Crossed, merit, stratum_cases
+    from attnverify.runconfig import hypothesis_settings
+
+    smallest: list[tuple[int, int]] = []
+
+    def probe(case) -> None:
+        try:
+            score = merit(search.evaluate(case))
+        except WorkerFailed as exc:
+            from attnverify.certify import WorkerStopped
+
+            raise WorkerStopped(f"the normalizer {exc.reason}") from None
+        except _Crossed:
+            ev = search.witness
+            size = (int(ev.case.scores.isfinite().sum()), ev.case.scores.numel())
+            if not smallest or size < smallest[0]:
+                smallest[:] = [size]
+                database.save(witness_key, campaign.encode(ev))
+            raise Falsified(f"{search.ineq.text} fails: LHS = {ev.lhs!r}, RHS = {ev.rhs!r} "
+                            f"(L = {ev.case.scores.numel()})") from None
+        if math.isfinite(score):
+            hypothesis.target(score)
+
+    ctx = search.ctx
+    conf = hypothesis.settings(
+        hypothesis_settings(ctx), database=database, verbosity=hypothesis.Verbosity.normal,
+        suppress_health_check=[h for h in hypothesis.HealthCheck
+                               if h is not hypothesis.HealthCheck.nested_given],
+        phases=[hypothesis.Phase.reuse, hypothesis.Phase.generate, hypothesis.Phase.target,
+                hypothesis.Phase.shrink])
+    test = given(stratum_cases(record.stratum, search))(probe)
+    key = strata_key(label, search.ineq.normalized, search.params, record.stratum)
+    test.hypothesis.inner_test._hypothesis_internal_add_digest = key
+    test._hypothesis_internal_database_key = key
+    test = conf(test)
+    test.__name__ = test.__qualname__ = f"test_falsify__{_ident(record.stratum.name)}"
+    test.__doc__ = f"{label}: {search.ineq.text} on stratum {record.stratum.name}"
+    database.add(test, key)
+    return test
+
+
+def falsify_tests(environ=None) -> dict[str, Any]:
+    """``{name: test}``: one test per stratum of falsify's search of the environment's inequality
+    on its target (:data:`ENV`), the target loaded in a worker (as ``falsify`` loads it), the
+    search's budget unlimited."""
+    environ = os.environ if environ is None else environ
+    cfg = _config(environ)
+    if len(cfg["targets"]) != 1:
+        raise UsageError(f"{TARGET_ENV}: falsify's strata take one target, got "
+                         f"{len(cfg['targets'])}")
+    from attnverify import campaign, remote
+    from attnverify.certify import fix_temperature
+    from attnverify.expr import parse_inequality
+    from attnverify.falsify import make_search
+    from attnverify.falsify_search import Budget
+    from attnverify.isolation import close
+    from attnverify.quantities import QUANTITIES
+    from attnverify.registry import parse_params
+    from attnverify.runconfig import make_context
+
+    (target,) = cfg["targets"]
+    params = _named("ATTNVERIFY_FUZZ_PARAMS", parse_params, cfg["params"])
+    text = _env(EXPRESSION_ENV, environ)
+    ineq = _named(EXPRESSION_ENV, parse_inequality, text, QUANTITIES)
+    ctx = _named("ATTNVERIFY_FUZZ_MAX_LENGTH", make_context,
+                 max_length=_env("ATTNVERIFY_FUZZ_MAX_LENGTH", environ) or None)
+    ctx = _named("ATTNVERIFY_FUZZ_PARAMS", fix_temperature, ctx, params)
+    _threads(ctx)
+    database = UnitKeys(_named(DATABASE_ENV, _open, cfg["database"]))
+    _load_profile(ctx, database)
+    try:
+        try:
+            spec = remote.open_normalizer(target, params, ctx)
+        except (WorkerFailed, remote.TargetRaised) as exc:
+            what = getattr(exc, "reason", None) or f"raised {exc.remote_type}: {exc}"
+            raise UsageError(f"{TARGET_ENV}: loading {target!r} {what}") from None
+        close(spec)
+        search = make_search(spec, ineq, ctx, params)
+    finally:
+        remote.shutdown()  # the worker is closed; a test restarts it where it runs
+    search.budget = Budget(2**62, math.inf, search.budget.max_length)
+    search.begin("fuzz")
+    witness_key, _near = campaign.keys(target, ineq.normalized, params)
+    tests = {}
+    for record in search.records:
+        test = falsify_test(search, record, database, label=target, witness_key=witness_key)
+        tests[test.__name__] = test
     return tests

@@ -179,3 +179,60 @@ def test_unit_keys_map_a_tests_digest_to_its_unit_key_and_back():
     keyed.move(digest, digest + b".secondary", b"failure")
     assert list(store.fetch(b"attnverify/certify/one.secondary")) == [b"failure"]
     assert not list(store.fetch(b"attnverify/certify/two"))
+
+
+def test_falsify_strata_entry_files_its_witness_where_falsify_replays_it(tmp_path, capsys):
+    """The falsify entry: one test per stratum of falsify's search, keyed as ``falsify
+    --database`` keys the stratum's corpus; a case that breaks the bound fails the test and is
+    kept as a witness that falsify's replay phase meets first."""
+    import hypothesis
+
+    from attnverify.fuzz import Falsified, falsify_tests
+
+    bound = "max_weight <= 0.999"  # false on every one-key row (its weight is 1)
+    database = tmp_path / "db"
+    tests = falsify_tests({"ATTNVERIFY_FUZZ_TARGET": "softmax", "ATTNVERIFY_FUZZ_DATABASE":
+                           str(database), "ATTNVERIFY_FUZZ_EXPRESSION": bound,
+                           "ATTNVERIFY_FUZZ_MAX_LENGTH": "256"})
+    assert {"test_falsify__L_1", "test_falsify__L_9_32", "test_falsify__L_17_255_masked"} <= \
+        set(tests)
+    test = tests["test_falsify__L_1"]
+    keyed = test._hypothesis_internal_use_settings.database
+    hypothesis.seed(0)(test)  # deterministic here; @seed drops the database, given back below
+    test._hypothesis_internal_use_settings = hypothesis.settings(
+        test._hypothesis_internal_use_settings, database=keyed)
+    with pytest.raises(Falsified, match="max_weight <= 0.999 fails"):
+        test()
+    assert list(DirectoryBasedExampleDatabase(database).fetch(
+        test._hypothesis_internal_database_key)), "the stratum's failure is not filed"
+
+    out_json = tmp_path / "falsify.json"
+    code = main(["falsify", "softmax", bound, "--max-length", "256", "--database", str(database),
+                 "--json", str(out_json)])
+    capsys.readouterr()
+    assert code == 1
+    data = json.loads(out_json.read_text())
+    assert data["database"]["witness_replayed"] is True
+    assert data["witness"]["L"] == 1
+
+
+def test_falsify_entry_keys_are_the_keys_falsify_fills(tmp_path, capsys):
+    """Every stratum test's key is one ``falsify --database`` itself files that stratum's
+    Hypothesis corpus under (a bound that holds: every stratum searched, its Pareto front
+    kept)."""
+    from attnverify.fuzz import falsify_tests
+
+    database = tmp_path / "db"
+    code = main(["falsify", "softmax", "max_weight <= 1", "--profile", "dev", "--max-length",
+                 "64", "--database", str(database)])
+    capsys.readouterr()
+    assert code == 0
+    stored = set(DirectoryBasedExampleDatabase(database).fetch(
+        DirectoryBasedExampleDatabase(database)._metakeys_name))
+    tests = falsify_tests({"ATTNVERIFY_FUZZ_TARGET": "softmax", "ATTNVERIFY_FUZZ_DATABASE":
+                           str(tmp_path / "other"), "ATTNVERIFY_FUZZ_EXPRESSION":
+                           "max_weight <= 1", "ATTNVERIFY_FUZZ_MAX_LENGTH": "64"})
+    keys = {name: t._hypothesis_internal_database_key for name, t in tests.items()}
+    assert len(keys) == 10  # L = 1, 2, 3, 4-5, 6-8, 9-32, 33-64; masked 1-3, 4-16, 17-63
+    missing = [name for name, k in keys.items() if k + b".pareto" not in stored]
+    assert not missing, missing
