@@ -236,3 +236,45 @@ def test_falsify_entry_keys_are_the_keys_falsify_fills(tmp_path, capsys):
     assert len(keys) == 10  # L = 1, 2, 3, 4-5, 6-8, 9-32, 33-64; masked 1-3, 4-16, 17-63
     missing = [name for name, k in keys.items() if k + b".pareto" not in stored]
     assert not missing, missing
+
+
+@pytest.mark.slow  # the target planned in a worker, then two certify runs of the ci profile
+def test_certify_database_replays_what_a_unit_test_filed(tmp_path, capsys):
+    """certify --database and the entry share keys: the entry's simplex test, run here under
+    plain Hypothesis with a fixed seed, files the 17-31-key failure; certify (ci, seed 0), which
+    does not meet it alone, replays it from the database and fails on it."""
+    import hypothesis
+
+    from attnverify.fuzz import certify_tests
+
+    database = tmp_path / "db"
+    tests = certify_tests({"ATTNVERIFY_FUZZ_TARGET": PLANTED, "ATTNVERIFY_FUZZ_DATABASE":
+                           str(database), "ATTNVERIFY_FUZZ_DTYPES": "float64",
+                           "ATTNVERIFY_FUZZ_PROPERTIES": "simplex"})
+    assert list(tests) == ["test_simplex__float64"]
+    test = tests["test_simplex__float64"]
+    assert test._hypothesis_internal_database_key == _key(PLANTED)
+    keyed = test._hypothesis_internal_use_settings.database
+    hypothesis.seed(0)(test)  # deterministic here; @seed drops the database, given back below
+    test._hypothesis_internal_use_settings = hypothesis.settings(
+        test._hypothesis_internal_use_settings, database=keyed, max_examples=1000)
+    with pytest.raises(Exception, match="row sum"):
+        test()
+    assert list(DirectoryBasedExampleDatabase(database).fetch(_key(PLANTED)))
+
+    args = ["certify", PLANTED, "--dtypes", "float64", "--profile", "ci", "--quiet"]
+    code = main([*args, "--database", str(database)])
+    out = capsys.readouterr().out
+    assert code == 1 and "FAILED" in out, out
+    assert main(args) == 0
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--database", "/etc/passwd"], "--database: /etc/passwd is not a directory"),
+    (["--database", "redis://127.0.0.1:0/0"], "port 0"),
+    (["--attention", "sdpa", "--database", "db"], "--database applies to normalizer"),
+])
+def test_certify_database_bad_input_is_exit_2(capsys, extra, fragment):
+    code = main(["certify", "softmax", "--profile", "dev", *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and fragment in err, err
