@@ -7,6 +7,7 @@ exit code (0 ok, 1 violated / falsified, 2 usage, raised as :class:`UsageError`)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 
@@ -154,8 +155,6 @@ def _run_certify(args) -> int:
     ctx = fix_temperature(ctx, params)  # --params temperature=… fixes T for every check, or exit 2
     ctx = fix_reference(ctx, args.reference)  # --reference REF loads (or exit 2) and applies
     if args.database is not None:  # opened and checked here (or exit 2), before any work
-        import dataclasses
-
         from attnverify.certify import example_database
 
         example_database(args.database)
