@@ -58,7 +58,7 @@ ENV = {
 #: Also read, as certify reads them: ATTNVERIFY_PROFILE (the strategies' longest row) and
 #: ATTNVERIFY_ISOLATION.
 SKIP_REASON = (f"no target to fuzz: set {TARGET_ENV} and {DATABASE_ENV} "
-               "(README, 'Long campaigns')")
+               "(README, 'Long campaigns on HypoFuzz')")
 
 
 def _env(name: str, environ) -> str | None:
