@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Collection
@@ -441,15 +442,70 @@ def _evaluate(prop: Property, spec, ctx, state: _State, case) -> float:
     return ratio
 
 
-def _hypothesis_test(prop: Property, spec: NormalizerSpec, ctx: Context, state: _State):
-    def body(case):
-        ratio = _evaluate(prop, spec, ctx, state, case)
-        if math.isfinite(ratio):
-            hypothesis.target(min(ratio, 1e12), label=prop.id)
+class WorkerStopped(Exception):
+    """The target's worker died, hung or broke the protocol on this case
+    (:class:`~attnverify.errors.WorkerFailed`), raised where a search goes on after it: an
+    ordinary failure, which Hypothesis shrinks and files (:mod:`attnverify.fuzz`)."""
 
+
+def search_test(prop: Property, spec: NormalizerSpec, ctx: Context, state: _State, *,
+                fuzz: bool = False):
+    """The Hypothesis test of ``prop`` on ``spec`` (its strategy and its body), before settings
+    and seed: certify runs it seeded under the profile's settings (:func:`_hypothesis_test`).
+    :mod:`attnverify.fuzz` gives the same test to HypoFuzz (``fuzz``), where a failing worker is
+    a :class:`WorkerStopped` failure instead of the end of the search, and the target is
+    unlabelled: HypoFuzz buckets an unlabelled target by its power of two (a case that reaches
+    a new power is new behaviour, kept and mutated) but counts every value of a labelled one as
+    new behaviour."""
+    label = "" if fuzz else prop.id
+
+    def body(case):
+        try:
+            ratio = _evaluate(prop, spec, ctx, state, case)
+        except WorkerFailed as exc:
+            if not fuzz:
+                raise
+            raise WorkerStopped(f"the normalizer {exc.reason}") from None
+        if math.isfinite(ratio):
+            hypothesis.target(min(ratio, 1e12), label=label)
+
+    return given(prop.cases(spec, ctx))(body)
+
+
+def database_key_of(prop: Property, spec: NormalizerSpec, ctx: Context) -> bytes:
+    """The example-database key of ``prop``'s search on ``spec`` under ``ctx``: the target
+    string, its parameters, the property and the dtypes the cases take (the unit's one, else the
+    run's), with attnverify's version (:func:`attnverify.exampledb.database_key`). ``certify
+    --database`` and :mod:`attnverify.fuzz` file and replay examples under it."""
+    from attnverify.exampledb import database_key
+    from attnverify.serialize import dtype_name
+
+    unit = getattr(ctx, "unit_dtype", None)
+    dtypes = ",".join(dtype_name(d) for d in ((unit,) if unit is not None else ctx.dtypes))
+    params = ",".join(f"{k}={v!r}" for k, v in sorted(dict(spec.params).items()))
+    return database_key("certify", spec.target or spec.id, params, prop.id, dtypes)
+
+
+def _hypothesis_test(prop: Property, spec: NormalizerSpec, ctx: Context, state: _State):
     examples = max(1, int(round(ctx.max_examples * prop.examples_scale)))
     conf = hypothesis_settings(ctx, examples)
-    return hypothesis.seed(ctx.seed)(conf(given(prop.cases(spec, ctx))(body)))
+    # seeded first: @seed drops any database of the settings applied before it
+    test = hypothesis.seed(ctx.seed)(search_test(prop, spec, ctx, state))
+    database = getattr(ctx, "database", None)
+    if database:  # certify --database: replay what is stored (HypoFuzz's finds first), then search
+        conf = hypothesis.settings(conf, database=example_database(database),
+                                   phases=[hypothesis.Phase.reuse, *conf.phases])
+        test._hypothesis_internal_database_key = database_key_of(prop, spec, ctx)
+    return conf(test)
+
+
+@functools.cache
+def example_database(text: str):
+    """The example database ``text`` names (``certify --database``), opened once per process and
+    checked (:func:`attnverify.exampledb.open_database`: exit 2 on a bad one)."""
+    from attnverify.exampledb import open_database
+
+    return open_database(text, option="--database")
 
 
 def _unwrap(exc: Exception) -> Exception:

@@ -125,6 +125,10 @@ def _certify_args(p: argparse.ArgumentParser) -> None:
                    help="run shard K of N (units of target x property x dtype x device, "
                    "partitioned by their ci cost) and write a partial certificate for "
                    "'attnverify merge'")
+    p.add_argument("--database", default=None, metavar="DIR|redis://HOST:PORT/DB",
+                   help="an example database (e.g. one a HypoFuzz campaign filled): every "
+                   "property's search replays what it holds for this target first, and files "
+                   "its own failures there (default: none)")
     p.add_argument("--reference", default=None, metavar="REF",
                    help="compare every target with REF (a target string: built-in id, "
                    "module:attr, file.py:attr; with --attention an attention target), evaluated "
@@ -136,6 +140,8 @@ def _certify_args(p: argparse.ArgumentParser) -> None:
 
 def _run_certify(args) -> int:
     if getattr(args, "attention", None) is not None:
+        if args.database is not None:
+            raise UsageError("--database applies to normalizer certification, not --attention")
         from attnverify.attention.command import run_certify as run_attention
 
         return run_attention(args)
@@ -152,6 +158,11 @@ def _run_certify(args) -> int:
 
     ctx = fix_temperature(ctx, params)  # --params temperature=… fixes T for every check, or exit 2
     ctx = fix_reference(ctx, args.reference)  # --reference REF loads (or exit 2) and applies
+    if args.database is not None:  # opened and checked here (or exit 2), before any work
+        from attnverify.certify import example_database
+
+        example_database(args.database)
+        ctx = dataclasses.replace(ctx, database=args.database)
     claims = None if args.claims is None else [c.strip() for c in args.claims.split(",")
                                                 if c.strip()]
     xfails = load_xfails(args.xfails) if args.xfails else None
@@ -165,6 +176,8 @@ def _run_certify(args) -> int:
                           shard=shard, on_shard=planned.append)
     if planned:
         ctx = dataclasses.replace(ctx, shard=planned[0])
+    if args.database is not None:
+        _database_lost(args.database)
     return report.finish_certify(args, report.certificate(results, ctx), xfails)
 
 
@@ -173,6 +186,17 @@ def check_shard(args, ctx) -> tuple[int, int] | None:
     from attnverify.shard import check_options
 
     return check_options(getattr(args, "shard", None), ctx, xfails=getattr(args, "xfails", None))
+
+
+def _database_lost(text: str) -> None:
+    """Say so when ``certify --database``'s database went away during the run (the run went on
+    with what it had in memory; its verdicts stand)."""
+    from attnverify.certify import example_database
+
+    database = example_database(text)
+    if database.lost:
+        print(f"attnverify: the example database {database.where} was lost during the run "
+              f"({database.lost}); the run went on without it", file=sys.stderr)
 
 
 

@@ -91,6 +91,10 @@ def _run_context() -> type:
         #: time cap in seconds (``--budget``; None: the profile's).
         falsify_evaluations: int | None = None
         budget_s: float | None = None
+        #: ``certify --database``: the example database (directory or redis://…) every property's
+        #: Hypothesis run replays first and files its failures in (``None``: none, as the ci
+        #: profile runs).
+        database: str | None = None
 
     RunContext.__module__, RunContext.__qualname__ = __name__, "RunContext"
     return RunContext
