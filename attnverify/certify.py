@@ -319,21 +319,29 @@ def run_property(
 
     Each unit has a share of the property's examples and its own seeded search; see
     :func:`run_unit`."""
-    dtypes = prop.unit_dtypes(spec, ctx)
     units = []
-    for index, dtype in enumerate(dtypes):
-        name = dtype_name(dtype)
+    for name, uctx in unit_contexts(prop, spec, ctx):
         if select is not None and not select(name):
             units.append((name, None))
         elif skip_reason:
             units.append((name, PropertyResult(prop.id, claimed, "not_applicable",
                                                message=skip_reason)))
         else:
-            uctx = ctx if prop.own_dtype else dataclasses.replace(
-                ctx, unit_dtype=dtype, seed=unit_seed(ctx.seed, index),
-                max_examples=max(1, int(round(ctx.max_examples / len(dtypes)))))
             units.append((name, run_unit(prop, spec, uctx, claimed=claimed)))
     return combine(prop.id, claimed, units)
+
+
+def unit_contexts(prop: Property, spec: NormalizerSpec, ctx: Context) -> list:
+    """``[(dtype name, context)]`` of ``prop``'s units in ``ctx``, in order: a property whose
+    cases have a dtype of their own runs once in ``ctx``; any other once per dtype, with
+    ``unit_dtype`` set, its seed (:func:`unit_seed`) and its share of the examples."""
+    dtypes = prop.unit_dtypes(spec, ctx)
+    if prop.own_dtype:
+        return [(dtype_name(dtypes[0]), ctx)]
+    share = max(1, int(round(ctx.max_examples / len(dtypes))))
+    return [(dtype_name(d), dataclasses.replace(ctx, unit_dtype=d, seed=unit_seed(ctx.seed, i),
+                                                max_examples=share))
+            for i, d in enumerate(dtypes)]
 
 
 def unit_seed(seed: int, index: int) -> int:

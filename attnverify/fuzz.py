@@ -25,7 +25,6 @@ and ``certify`` share entries whatever directory the campaign was started from.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from collections.abc import Iterable
@@ -159,11 +158,9 @@ class UnitKeys(ExampleDatabase):
 def units(prop, spec, ctx) -> list:
     """The contexts of ``prop``'s units as ``certify`` runs them: one per dtype its cases take
     where the run is split by dtype (``Context.unit_dtype``), else the run's context."""
-    unit_dtypes = getattr(prop, "unit_dtypes", None)
-    if unit_dtypes is None or getattr(prop, "own_dtype", True) or \
-            "unit_dtype" not in {f.name for f in dataclasses.fields(ctx)}:
-        return [ctx]
-    return [dataclasses.replace(ctx, unit_dtype=d) for d in unit_dtypes(spec, ctx)]
+    from attnverify.certify import unit_contexts
+
+    return [unit_ctx for _, unit_ctx in unit_contexts(prop, spec, ctx)]
 
 
 def unit_name(prop, ctx) -> str:
