@@ -247,27 +247,27 @@ def check_seed(value) -> int:
     return value
 
 
-def check_timeout(value) -> float:
+def _check_seconds(value, option: str) -> float:
+    """A positive, finite number of seconds up to :data:`MAX_TIMEOUT_S` (else a usage error
+    naming ``option``)."""
     try:
         value = float(value)
     except (TypeError, ValueError):
-        raise UsageError(f"--timeout expects a number of seconds, got {value!r}") from None
+        raise UsageError(f"{option} expects a number of seconds, got {str(value)[:40]!r}") \
+            from None
     if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
-        raise UsageError(f"--timeout must be a positive number of seconds up to "
+        raise UsageError(f"{option} must be a positive number of seconds up to "
                          f"{MAX_TIMEOUT_S:g}, got {value!r}")
     return value
+
+
+def check_timeout(value) -> float:
+    return _check_seconds(value, "--timeout")
 
 
 def check_budget(value) -> float:
     """``--budget SECONDS``: falsify's time cap, positive and at most a day."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"--budget expects a number of seconds, got {str(value)[:40]!r}") from None
-    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
-        raise UsageError(f"--budget must be a positive number of seconds up to "
-                         f"{MAX_TIMEOUT_S:g}, got {value!r}")
-    return value
+    return _check_seconds(value, "--budget")
 
 
 def check_max_length(value) -> int:

@@ -17,6 +17,7 @@ No clock, host or random number takes part.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -85,13 +86,15 @@ class Shard:
         """The unit ids this shard runs."""
         return tuple(u for u, k in self.plan if k == self.index)
 
-    def owns(self, uid: str) -> bool:
-        return dict(self.plan).get(uid) == self.index
+    @functools.cached_property
+    def owners(self) -> dict[str, int]:
+        """unit id -> its shard, built once (a selector per property must not rebuild it)."""
+        return dict(self.plan)
 
     def selector(self, target: str, prop: str, device: str):
         """``dtype name -> bool``: whether this shard runs that unit of ``target::prop``."""
-        owner = dict(self.plan)
-        return lambda dtype: owner.get(unit_id(target, prop, dtype, device)) == self.index
+        owners = self.owners
+        return lambda dtype: owners.get(unit_id(target, prop, dtype, device)) == self.index
 
     def to_json(self) -> dict:
         return {"index": self.index, "count": self.count, "units": list(self.units),
