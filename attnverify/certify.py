@@ -143,6 +143,8 @@ class TargetResult:
     reference_owner: str | None = None
     #: The process ids of the worker processes the target ran in (none: in the checker's own).
     worker_pids: list[int] = field(default_factory=list)
+    #: What those processes ran under (:mod:`attnverify.sandbox`), each phrase once.
+    sandbox: list[str] = field(default_factory=list)
     #: What the worker reported of its runtime (``softmax_kernel``); not written per target.
     runtime: dict[str, Any] = field(default_factory=dict)
     #: A partial certificate's record of the side effects its worker saw (:func:`side_effects`):
@@ -176,6 +178,7 @@ class TargetResult:
             "reference": self.reference,
             "reference_owner": self.reference_owner,
             "worker_pids": list(self.worker_pids),
+            "sandbox": " | ".join(self.sandbox) if self.sandbox else None,
             "verdict": self.verdict,
             "certified_for": certified_for(declared) if coverage else None,
             "coverage": coverage,
@@ -270,6 +273,7 @@ def certify_target(
             progress(result.target, result.results[-1])
     if monitor is not None:
         result.worker_pids = list(dict.fromkeys(monitor.pids))
+        result.sandbox = list(dict.fromkeys(monitor.sandboxes))
         if shard is not None:
             result.side_effects = side_effects(monitor, spec.params)
     result.runtime = dict(getattr(spec.fn, "runtime", None) or {})

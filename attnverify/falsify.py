@@ -118,6 +118,9 @@ class FalsifyResult:
     #: The example database shared with other runs (``--database``, issue #19): where, what was
     #: replayed and saved, whether it was lost (:meth:`attnverify.campaign.Shared.to_json`).
     database: dict[str, Any] | None = None
+    #: What the target's worker processes ran under (:mod:`attnverify.sandbox`); ``None``: the
+    #: target ran in this process (``--no-isolation``, or a spec given in Python).
+    sandbox: str | None = None
 
 
 def search_budget(ctx: Context, ineq: Inequality) -> Budget:
@@ -242,6 +245,10 @@ def result_json(res: FalsifyResult, ctx: Context) -> dict[str, Any]:
         "search": res.search.to_json() if res.search else None,
         "database": res.database,
         "workers": None,
+        # where the target ran: "process" (a worker process, sandboxed as "sandbox" says) or
+        # "in-process" (--no-isolation)
+        "isolation_mode": "process" if res.sandbox is not None else "in-process",
+        "sandbox": res.sandbox,
     }
 
 

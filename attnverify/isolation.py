@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from attnverify import heartbeat, remote
+from attnverify.checks.base import monitor_of
 from attnverify.errors import UsageError, WorkerFailed
 
 
@@ -117,7 +118,11 @@ def falsify_isolated(target: str, params: dict, text: str, ctx):
     except (WorkerFailed, remote.TargetRaised) as exc:
         return _load_failure(target, exc).message, None
     try:
-        return falsify(spec, text, ctx, label=target, params=dict(params))
+        res = falsify(spec, text, ctx, label=target, params=dict(params))
+        monitor = monitor_of(spec)
+        if monitor is not None and monitor.sandboxes:
+            res.sandbox = " | ".join(dict.fromkeys(monitor.sandboxes))
+        return res
     except UsageError:
         raise
     except (WorkerFailed, Exception) as exc:  # noqa: BLE001 - the code under test stopped it

@@ -121,6 +121,9 @@ def merge_parts(parts: list[tuple[str, dict]]) -> dict[str, Any]:
         for version in versions:
             target.worker_pids += [p for p in version.get("worker_pids") or []
                                    if p not in target.worker_pids]
+            for phrase in str(version.get("sandbox") or "").split(" | "):
+                if phrase and phrase not in target.sandbox:
+                    target.sandbox.append(phrase)
         for ri, r in enumerate(head["results"]):
             if not r.get("units"):  # not split into units (a target that failed to load)
                 target.results.append(PropertyResult.from_json(r))

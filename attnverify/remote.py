@@ -121,19 +121,25 @@ class Zygote:
                 self._stop()
                 raise WorkerFailed(f"the worker processes' zygote failed ({exc})") from None
 
-    def fork(self, memory_limit: bool) -> tuple[int, socket.socket]:
+    def fork(self, memory_limit: bool) -> tuple[int, socket.socket, str]:
+        """A new worker: ``(pid, its channel, what its sandbox is)`` (:mod:`attnverify.sandbox`,
+        applied by the worker before it loads anything, reported through the zygote)."""
+        from attnverify import settings
+
         mine, theirs = socket.socketpair()
         try:
             reply = self.request({"op": "fork", "cwd": os.getcwd(), "env": dict(os.environ),
                                   "path": [str(p) for p in sys.path],
-                                  "memory_limit": bool(memory_limit)}, (theirs.fileno(),))
+                                  "memory_limit": bool(memory_limit),
+                                  "sandbox": settings.sandbox_enabled()}, (theirs.fileno(),))
         finally:
             theirs.close()
         pid = reply.get("pid")
         if type(pid) is not int or pid <= 1 or pid in (os.getpid(), self.pid):
             mine.close()
             raise WorkerFailed("the zygote answered a fork with no worker")
-        return pid, mine
+        sandbox = reply.get("sandbox")
+        return pid, mine, sandbox if isinstance(sandbox, str) else "none: not reported"
 
     def status(self, pid: int, wait: float = STATUS_WAIT_S) -> int | None:
         try:
@@ -237,12 +243,14 @@ class Event:
 
 class Monitor:
     """What one target's worker reported over the run: side effects, refused outputs, the
-    worker processes it ran in."""
+    worker processes it ran in and their sandboxes."""
 
     def __init__(self) -> None:
         self.effects: list[Event] = []
         self.refused: list[Event] = []
         self.pids: list[int] = []
+        #: What each worker process ran under (:mod:`attnverify.sandbox`), in order.
+        self.sandboxes: list[str] = []
         self.calls = 0
 
     def mark(self) -> tuple[int, int]:
@@ -295,8 +303,9 @@ class Channel:
             self.local = Server()
             describe = self.local.load(dict(self.load_message))
         else:
-            self.pid, self.sock = zygote().fork(memory_limit=self.device == "cpu")
+            self.pid, self.sock, sandbox = zygote().fork(memory_limit=self.device == "cpu")
             self.monitor.pids.append(self.pid)
+            self.monitor.sandboxes.append(sandbox)
             self.arena, self.next_id = None, 0
             reply = self._exchange(self.load_message, (), deadline=time.monotonic() +
                                    self.timeout_s)

@@ -51,6 +51,9 @@ def certificate(targets: Iterable[TargetResult], ctx: Context) -> dict[str, Any]
         # "process": every target ran in a worker process of its own, the checks here (the
         # checker, checker_pid); "in-process": --no-isolation, the target ran in the checker
         "isolation_mode": "process" if isolated else "in-process",
+        # what the worker processes ran under (attnverify.sandbox): "landlock ABI N: …", or
+        # "none: …" / "off: …" where they ran without it; each phrase once, over every target
+        "sandbox": sandbox_of(targets, isolated),
         "checker_pid": os.getpid(),
         "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
         # whether softmax_fused ran its CPU kernel (or softmax's torch path), and which ISA, as
@@ -60,6 +63,15 @@ def certificate(targets: Iterable[TargetResult], ctx: Context) -> dict[str, Any]
         "targets": [t.to_json(partial=shard is not None) for t in targets],
         **({"shard": shard.to_json()} if shard is not None else {}),
     }
+
+
+def sandbox_of(targets, isolated: bool) -> str:
+    """The certificate's ``sandbox``: every phrase the targets' workers reported, once each
+    (``" | "`` between them)."""
+    if not isolated:
+        return "none: --no-isolation (the targets ran in the checker's process)"
+    seen = list(dict.fromkeys(p for t in targets for p in getattr(t, "sandbox", ()) or ()))
+    return " | ".join(seen) if seen else "none: no worker process was started"
 
 
 def check_writable(path: str | None, option: str = "output") -> None:
@@ -128,7 +140,21 @@ def terminal_table(data: dict[str, Any]) -> str:
                        "gives the verdict)")
         lines.append(f"verdict: {target['target']}: {verdict}")
         lines.append("")
+    note = isolation_note(data)
+    if note:
+        lines.append(f"note: {note}")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def isolation_note(data: dict[str, Any]) -> str:
+    """A line for a run whose targets were not both isolated and sandboxed, else ``""``."""
+    sandbox = str(data.get("sandbox") or "")
+    if data.get("isolation") is False:
+        return ("--no-isolation: the targets ran in the checker's own process, where they can "
+                "reach the checks (for debugging, not a verdict to trust)")
+    if data.get("isolation") and sandbox and not sandbox.startswith("landlock"):
+        return f"the worker processes ran without a sandbox ({sandbox})"
+    return ""
 
 
 def coverage_lines(target: dict[str, Any], *, per_property: bool = False) -> list[str]:
@@ -209,6 +235,11 @@ def markdown(data: dict[str, Any]) -> str:
         f"dtypes {', '.join(data.get('dtypes', []))}.",
         "",
     ]
+    if data.get("isolation") is not None:
+        where = ("each target in a worker process of its own (checker pid "
+                 f"{data.get('checker_pid')}); sandbox: {data.get('sandbox')}"
+                 if data.get("isolation") else isolation_note(data))
+        lines += [f"Isolation: {where}.", ""]
     if data.get("softmax_kernel"):
         lines += [f"softmax_fused kernel: {data['softmax_kernel']}.", ""]
     for target in data["targets"]:
@@ -249,7 +280,8 @@ def finish_certify(args, data: dict, xfails) -> int:
         write_atomic(args.markdown_path, markdown(data))
     text = terminal_table(data)
     if args.quiet:
-        text = "\n".join(line for line in text.splitlines() if line.startswith("verdict:"))
+        text = "\n".join(line for line in text.splitlines()
+                         if line.startswith(("verdict:", "note:")))
     print(text)
     unchecked = [t["target"] for t in data["targets"] if t["verdict"] == "not_checked"
                  and all(r["status"] != "not_checked" for r in t["results"])]

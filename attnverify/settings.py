@@ -1,10 +1,13 @@
-"""Environment switches of the fused softmax, parsed in one place and without importing torch.
+"""Environment switches (the fused softmax, the workers' sandbox), parsed in one place and without
+importing torch.
 
 - ``ATTNVERIFY_FUSED``: ``1``/``on`` (default) or ``0``/``off`` — whether the ``softmax_fused``
   target may run the fused CPU kernel (:mod:`attnverify.normalizers.fused`); off, it runs the
   built-in softmax's ``torch.softmax`` path;
 - ``ATTNVERIFY_FUSED_ISA``: ``scalar``, ``avx2`` or ``avx512`` — force one instruction set (unset:
-  the best the CPU has).
+  the best the CPU has);
+- ``ATTNVERIFY_SANDBOX``: ``1``/``on`` (default) or ``0``/``off`` — whether each worker process
+  restricts itself before loading its target (:mod:`attnverify.sandbox`).
 
 Each is read once, at first use, and remembered (reading the environment on every softmax call
 cost more than a small softmax); after changing one in a running process call :func:`reload`.
@@ -53,8 +56,21 @@ def fused_isa() -> int:
     return _cache["isa"]
 
 
+def sandbox_enabled() -> bool:
+    """Whether the workers sandbox themselves (``ATTNVERIFY_SANDBOX``, default on)."""
+    if "sandbox" not in _cache:
+        from attnverify import sandbox
+
+        try:
+            _cache["sandbox"] = sandbox.wanted()
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return _cache["sandbox"]
+
+
 def check() -> None:
-    """Read the ``ATTNVERIFY_FUSED*`` variables afresh; :class:`UsageError` on a bad value."""
+    """Read the ``ATTNVERIFY_*`` switches afresh; :class:`UsageError` on a bad value."""
     reload()
     fused_enabled()
     fused_isa()
+    sandbox_enabled()

@@ -146,16 +146,34 @@ def receive(sock: socket.socket, *, with_fds: bool = False):
 
 
 def _memfd(size: int) -> int:
+    """A shared-memory file of ``size`` bytes. A memfd is sealed at that size: the worker (which
+    maps it, and as root could reopen it) cannot shrink it under the checker's mapping, where a
+    read would then end the checker with ``SIGBUS``."""
     if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("attnverify-arena", getattr(os, "MFD_CLOEXEC", 0))
-    else:  # no memfd (not Linux): an unlinked temporary file
-        import tempfile
+        flags = getattr(os, "MFD_CLOEXEC", 0) | getattr(os, "MFD_ALLOW_SEALING", 0)
+        fd = os.memfd_create("attnverify-arena", flags)
+        os.ftruncate(fd, size)
+        _seal(fd)
+        return fd
+    import tempfile  # no memfd (not Linux): an unlinked temporary file
 
-        fd, path = tempfile.mkstemp(prefix="attnverify-arena-")
-        os.unlink(path)
-        os.set_inheritable(fd, False)
+    fd, path = tempfile.mkstemp(prefix="attnverify-arena-")
+    os.unlink(path)
+    os.set_inheritable(fd, False)
     os.ftruncate(fd, size)
     return fd
+
+
+def _seal(fd: int) -> None:
+    import fcntl
+
+    seals = sum(getattr(fcntl, name, 0) for name in ("F_SEAL_SHRINK", "F_SEAL_GROW",
+                                                      "F_SEAL_SEAL"))
+    if seals and hasattr(fcntl, "F_ADD_SEALS"):
+        try:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        except OSError:  # a kernel without sealing: the size stays unprotected
+            pass
 
 
 class Arena:

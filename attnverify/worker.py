@@ -770,6 +770,7 @@ def zygote_main(ctrl_fd: int) -> None:
             pass
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     workers: dict[int, int | None] = {}
+    scratches.clear()
     wire.send(ctrl, {"ok": True, "pid": os.getpid()})
     import select
 
@@ -785,12 +786,18 @@ def zygote_main(ctrl_fd: int) -> None:
             os._exit(0)
         op = message.get("op")
         if op == "fork" and len(fds) == 1:
+            scratch = _scratch_dir()
+            status_r, status_w = os.pipe()
             pid = os.fork()
             if pid == 0:
-                _become_worker(fds[0], message, ctrl.fileno())
+                os.close(status_r)
+                _become_worker(fds[0], message, ctrl.fileno(), scratch, status_w)
+            os.close(status_w)
             os.close(fds[0])
             workers[pid] = None
-            wire.send(ctrl, {"ok": True, "pid": pid})
+            scratches[pid] = scratch
+            sandbox = _read_status(status_r)
+            wire.send(ctrl, {"ok": True, "pid": pid, "sandbox": sandbox})
         elif op == "status":
             pid = message.get("pid")
             deadline = time.monotonic() + min(float(message.get("wait", 0)), 30.0)
@@ -845,6 +852,7 @@ def _reap(workers: dict) -> None:
             break
         if pid in workers:
             workers[pid] = _status(code)
+            _drop_scratch(pid)
     for pid in _children():
         if pid not in workers:
             _kill(pid)
@@ -889,16 +897,63 @@ def _shutdown(workers: dict) -> None:
     while time.monotonic() < deadline:
         live = [pid for pid, status in workers.items() if status is None] + _children()
         if not live:
-            return
+            break
         for pid in live:
             _kill(pid)
         time.sleep(0.02)
         _reap(workers)
+    for pid in list(scratches):
+        _drop_scratch(pid)
 
 
-def _become_worker(chan_fd: int, message: dict, ctrl_fd: int) -> None:
-    """In the forked child: a session of its own, nothing open but the channel, the checker's
-    working directory, environment and import path; then serve until the channel closes."""
+#: Each live worker's private temporary directory (its ``TMPDIR``), removed when it is reaped.
+scratches: dict[int, str] = {}
+
+
+def _scratch_dir() -> str:
+    """A new private temporary directory for the next worker (``""`` where none can be made)."""
+    import tempfile
+
+    try:
+        return tempfile.mkdtemp(prefix="attnverify-worker-")
+    except OSError:
+        return ""
+
+
+def _drop_scratch(pid: int) -> None:
+    path = scratches.pop(pid, "")
+    if path:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _read_status(fd: int, wait: float = 30.0) -> str:
+    """What the new worker wrote of its sandbox before it loaded anything (a short phrase), read
+    to the end of the pipe; the zygote passes it on with the fork's answer."""
+    import select
+
+    data, deadline = b"", time.monotonic() + wait
+    try:
+        while len(data) < 4096:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                break
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    return _text(data.decode("utf-8", "replace")) or "none: the worker did not report its sandbox"
+
+
+def _become_worker(chan_fd: int, message: dict, ctrl_fd: int, scratch: str = "",
+                   status_fd: int = -1) -> None:
+    """In the forked child: a session of its own, the checker's working directory, environment
+    and import path, the sandbox (:mod:`attnverify.sandbox`, its outcome written to
+    ``status_fd`` for the zygote), nothing open but the channel; then serve until the channel
+    closes. All of it before the target is loaded: the target's code runs only under it."""
     try:
         os.setsid()
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -908,13 +963,6 @@ def _become_worker(chan_fd: int, message: dict, ctrl_fd: int) -> None:
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-        top = max(chan_fd, ctrl_fd, devnull) + 1
-        try:
-            top = max(top, os.sysconf("SC_OPEN_MAX"))
-        except (OSError, ValueError):
-            top = max(top, 4096)
-        os.closerange(3, chan_fd)
-        os.closerange(chan_fd + 1, top)
         os.chdir(message.get("cwd") or "/")
         env = message.get("env")
         if isinstance(env, dict):
@@ -923,6 +971,19 @@ def _become_worker(chan_fd: int, message: dict, ctrl_fd: int) -> None:
         path = message.get("path")
         if isinstance(path, list):
             sys.path[:] = [str(p) for p in path]
+        status = _sandbox(bool(message.get("sandbox")), scratch)
+        if status_fd >= 0:
+            try:
+                os.write(status_fd, status.encode("utf-8")[:4096])
+            except OSError:
+                pass
+        top = max(chan_fd, ctrl_fd, devnull, status_fd) + 1
+        try:
+            top = max(top, os.sysconf("SC_OPEN_MAX"))
+        except (OSError, ValueError):
+            top = max(top, 4096)
+        os.closerange(3, chan_fd)
+        os.closerange(chan_fd + 1, top)
         if message.get("memory_limit"):
             _limit_memory()
         from attnverify import settings
@@ -931,6 +992,24 @@ def _become_worker(chan_fd: int, message: dict, ctrl_fd: int) -> None:
         serve(socket.socket(fileno=chan_fd))
     finally:
         os._exit(0)
+
+
+def _sandbox(wanted: bool, scratch: str) -> str:
+    """The worker's sandbox (:func:`attnverify.sandbox.restrict`) with ``scratch`` as its
+    ``TMPDIR``; what was applied, as a phrase."""
+    if not wanted:
+        return "off: ATTNVERIFY_SANDBOX=0"
+    if not scratch:
+        return "none: no private temporary directory could be made"
+    import tempfile
+
+    from attnverify import sandbox
+
+    sandbox.private_caches(os.environ, scratch)
+    os.environ["TMPDIR"] = scratch
+    tempfile.tempdir = scratch
+    sys.dont_write_bytecode = True  # imports of the target write no bytecode (denied anyway)
+    return sandbox.restrict(scratch)
 
 
 def _limit_memory() -> None:

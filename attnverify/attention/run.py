@@ -100,6 +100,7 @@ def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=Non
     monitor = monitor_of(spec)
     if monitor is not None:
         result.worker_pids = list(dict.fromkeys(monitor.pids))
+        result.sandbox = list(dict.fromkeys(monitor.sandboxes))
         if getattr(ctx, "shard", None) is not None:
             from attnverify.certify import side_effects
 
