@@ -23,7 +23,13 @@ from hypothesis import given
 
 from attnverify import heartbeat
 from attnverify.checks import PROPERTIES, Property, Violation, properties_for
-from attnverify.checks.base import Context, NormalizerError, monitor_of, positive_temperature
+from attnverify.checks.base import (
+    Context,
+    NoGraph,
+    NormalizerError,
+    monitor_of,
+    positive_temperature,
+)
 from attnverify.checks.layout import space_of
 from attnverify.checks.shrink import shrink
 from attnverify.coverage import Coverage
@@ -306,6 +312,8 @@ class _State:
         self.last: Any = None
         self.reproduces = True
         self.coverage = Coverage()
+        #: Cases on which the output carried no autograd graph (:class:`NoGraph`), in order.
+        self.no_graph: list = []
 
 
 def _size(case: Any) -> int:
@@ -380,10 +388,16 @@ def run_unit(
         if refused:
             event = refused[0]
             state.last = event.case if event.case is not None else state.last
-            return _finish(prop, claimed, "violated", state, start,
-                           f"the output was refused at the process boundary: {event.what}",
+            return _finish(prop, claimed, "violated", state, start, refusal_text(event.what),
                            None, spec, ctx)
     return result
+
+
+def refusal_text(what: str) -> str:
+    """How a refusal at the boundary reads in a result (a written input says so itself)."""
+    if what.startswith("the target wrote into its input"):
+        return what
+    return f"the output was refused at the process boundary: {what}"
 
 
 @contextlib.contextmanager
@@ -418,13 +432,27 @@ def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
     except Exception as exc:  # noqa: BLE001 - classified below
         exc = _unwrap(exc)
         failures.append((getattr(exc, "attnverify_case", state.last), exc))
+    if state.no_graph and not failures:
+        if len(state.no_graph) >= state.examples:
+            return _finish(prop, claimed, "not_applicable", state, start,
+                           f"the output carries no autograd graph on any of the "
+                           f"{state.examples} inputs tried (not differentiable)", None, spec, ctx)
+        case, _ = state.no_graph[0]
+        others = state.examples - len(state.no_graph)
+        failures.append((case, NoGraph(
+            f"the output carries no autograd graph on this input, though it carries one on "
+            f"{others} other input{'s' if others != 1 else ''}: its derivative would be lost "
+            "here without a word")))
     if not failures:
         return _finish(prop, claimed, "holds", state, start, "", None, spec, ctx)
     # the normalizer's failures before any fault of the search (a flaky run, no valid case), then
     # the smallest case, a violation before a raise
     case, exc = min(failures, key=lambda f: (not isinstance(f[1], (Violation, NormalizerError)),
                                              _size(f[0]), not isinstance(f[1], Violation)))
+    found = exc
     case, exc, state.reproduces = _exact_and_minimal(prop, spec, ctx, case, exc)
+    if isinstance(exc, NoGraph) and isinstance(found, NoGraph):
+        exc = found  # the unit-wide message (how many inputs did carry a graph)
     state.last = case
     if isinstance(exc, Violation):
         return _finish(prop, claimed, "violated", state, start, exc.message, exc, spec, ctx)
@@ -444,6 +472,9 @@ def _evaluate(prop: Property, spec, ctx, state: _State, case) -> float:
     heartbeat.example_started(case)  # the watchdog's clock (no-op outside a worker)
     try:
         ratio = float(prop.check(spec, case, ctx))
+    except NoGraph as exc:  # judged over every case of the unit (_no_graph)
+        state.no_graph.append((case, exc))
+        return 0.0
     except Exception as exc:
         exc.attnverify_case = case  # the failing case, whatever Hypothesis runs after it
         raise

@@ -54,9 +54,15 @@ class Refused(Violation):
     """An output the border check refused (not a plain tensor, wrong shape, aliasing, …)."""
 
     def __init__(self, message: str):
-        super().__init__(f"the output was refused at the process boundary: {message}",
-                         observed=1, bound=0, ratio=math.inf)
+        text = message if message.startswith(MUTATED) else \
+            f"the output was refused at the process boundary: {message}"
+        super().__init__(text, observed=1, bound=0, ratio=math.inf)
         self.refusal = message
+
+
+#: How a call that wrote into its inputs is reported (read back from the arena, not a report of
+#: the worker's).
+MUTATED = "the target wrote into its input"
 
 
 class TargetRaised(Exception):
@@ -251,6 +257,8 @@ class Monitor:
         self.pids: list[int] = []
         #: What each worker process ran under (:mod:`attnverify.sandbox`), in order.
         self.sandboxes: list[str] = []
+        #: Calls that wrote into their inputs (also in :attr:`refused`).
+        self.mutated: list[Event] = []
         self.calls = 0
 
     def mark(self) -> tuple[int, int]:
@@ -286,6 +294,7 @@ class Channel:
         self.pid = 0
         self.sock: socket.socket | None = None
         self.arena: wire.Arena | None = None
+        self.cursor = 0
         self.next_id = 0
         self.local = None
 
@@ -306,7 +315,7 @@ class Channel:
             self.pid, self.sock, sandbox = zygote().fork(memory_limit=self.device == "cpu")
             self.monitor.pids.append(self.pid)
             self.monitor.sandboxes.append(sandbox)
-            self.arena, self.next_id = None, 0
+            self.arena, self.next_id, self.cursor = None, 0, 0
             reply = self._exchange(self.load_message, (), deadline=time.monotonic() +
                                    self.timeout_s)
             if not reply["ok"]:
@@ -408,19 +417,25 @@ class Channel:
             return self._local(message, tensors, outputs)
         if self.sock is None:
             self._start()
-        layout = wire.Layout()
         need = sum(_span_bytes(t) + wire.ALIGN for t in tensors)
         need += sum(math.prod(s) * _itemsize(d) + wire.ALIGN for s, d, _ in outputs)
         self._ensure_arena(need)
+        # each request's tensors further along the arena than the last one's (from the start
+        # again where they do not fit): a call's inputs are not where the previous call's were
+        if self.cursor + need > self.arena.size:
+            self.cursor = 0
+        layout = wire.Layout(self.cursor)
         slots = [wire.write_tensor(self.arena, layout, t, device=str(t.device)) for t in tensors]
         outs = [wire.output_slot(layout, shape, dtype or torch.float64, "cpu")
                 for shape, dtype, _ in outputs]
+        self.cursor = layout.used
         expect = [{"size": list(shape), "dtype": None if dtype is None else wire.dtype_name(dtype),
                    "device": device} for shape, dtype, device in outputs]
         body = {**message, "tensors": [s.to_json() for s in slots],
                 "out": [s.to_json() for s in outs], "expect": expect}
         reply = self._exchange(body, (), heartbeat.deadline(self.timeout_s))
         self._record(reply, message["op"], tensors, message.get("fn"))
+        self._check_inputs(slots, tensors, message, reply)
         if not reply["ok"]:
             self._raise(reply, message["op"], tensors, message.get("fn"))
         results = []
@@ -429,10 +444,51 @@ class Channel:
             results.append(t if device in (None, "cpu") else t.to(device))
         return reply, results
 
+    def _check_inputs(self, slots, tensors: list, message: dict, reply: dict) -> None:
+        """Every input's bytes in the arena after the answer, against what was written there:
+        a difference is the target writing into its arguments (the worker gives a CPU target
+        the arena's bytes themselves, so this is read here, not reported by the worker).
+        Refused (a violation of the running property), and kept for ``no_mutation``."""
+        expected = list(range(len(tensors)))
+        for i, call in enumerate(message.get("calls") or ()):
+            if isinstance(call, dict) and type(call.get("reuse")) is int:
+                expected[call["reuse"]] = i  # given call i's values after it returned
+        for i, (slot, t) in enumerate(zip(slots, tensors)):
+            if slot.elements and not _same_bytes(self.arena, slot, tensors[expected[i]]):
+                call = next((k for k, c in enumerate(message.get("calls") or ())
+                             if c.get("args") and c["args"][0] == {"$tensor": i}), None)
+                where = "" if call is None else f" (call {call + 1} of the request)"
+                what = (f"{MUTATED}{where}: a normalizer must leave its argument unchanged "
+                        "(compute into new storage)")
+                self.monitor.refused.append(Event(what, message["op"], heartbeat.current_case(),
+                                                  self.monitor.calls,
+                                                  self._scores([t], message.get("fn"))))
+                self.monitor.mutated.append(self.monitor.refused[-1])
+                raise Refused(what)
+
+    def _check_local_inputs(self, fresh, given, tensors, message) -> None:
+        """:meth:`_check_inputs` in this process (``--no-isolation``): the inputs after the
+        call against copies taken before it (a reused storage holds the later call's values)."""
+        expected = list(range(len(tensors)))
+        for i, call in enumerate(message.get("calls") or ()):
+            if isinstance(call, dict) and type(call.get("reuse")) is int:
+                expected[call["reuse"]] = i
+        for i, t in enumerate(fresh):
+            want = given[expected[i]]
+            if t.numel() and not torch.equal(_raw(t), _raw(want)):
+                what = (f"{MUTATED}: a normalizer must leave its argument unchanged (compute "
+                        "into new storage)")
+                self.monitor.refused.append(Event(what, message["op"], heartbeat.current_case(),
+                                                  self.monitor.calls,
+                                                  self._scores([tensors[i]], message.get("fn"))))
+                self.monitor.mutated.append(self.monitor.refused[-1])
+                raise Refused(what)
+
     def _local(self, message: dict, tensors: list, outputs: list) -> tuple[dict, list]:
         from attnverify import worker
 
         fresh = [_fresh(t) for t in tensors]
+        given = [_fresh(t) for t in fresh]  # what the target is given, to compare after
         expect = [{"size": list(shape), "dtype": None if dtype is None else wire.dtype_name(dtype),
                    "device": device} for shape, dtype, device in outputs]
         try:
@@ -447,6 +503,7 @@ class Channel:
             if getattr(exc, "index", None) is not None:
                 reply["index"] = exc.index
         self._record(reply, message["op"], tensors, message.get("fn"))
+        self._check_local_inputs(fresh, given, tensors, message)
         if not reply["ok"]:
             self._raise(reply, message["op"], tensors, message.get("fn"))
         out = []
@@ -470,7 +527,7 @@ class Channel:
             self._fail("could not map the shared memory")
         if self.arena is not None:
             self.arena.close()
-        self.arena = arena
+        self.arena, self.cursor = arena, 0
 
     def _record(self, reply: dict, op: str, tensors: list, fn) -> None:
         effects = reply.get("side_effects", [])
@@ -503,6 +560,22 @@ class Channel:
         raised = TargetRaised(name, text)
         raised.index = index
         raise raised
+
+
+def _same_bytes(arena, slot, t: torch.Tensor) -> bool:
+    """Whether the arena still holds ``t``'s storage span at ``slot``, byte for byte."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    flat = torch.as_strided(t, (slot.elements,), (1,), 0).contiguous()
+    return torch.equal(wire.view_of(arena, slot).view(torch.uint8), flat.view(torch.uint8))
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s storage span as bytes (NaN equals NaN, -0.0 differs from 0.0)."""
+    t = t.detach()
+    flat = torch.as_strided(t, (wire.span_elements(t),), (1,), 0).contiguous()
+    return flat.cpu().view(torch.uint8)
 
 
 def _span_bytes(t: torch.Tensor) -> int:
@@ -821,22 +894,20 @@ def open_normalizer(target: str, params: dict | None, ctx):
     channel = Channel("normalizer", target, dict(params or {}), timeout_s=ctx.timeout_s,
                       device=ctx.device, isolated=bool(getattr(ctx, "isolation", True)))
     d = _described(channel)
-    fn = RemoteFunction(channel, "target", str(d.get("id", target)), d.get("params") or {},
-                        d.get("signature") or {"accepts": list(d.get("params") or {}),
-                                               "var_keywords": False})
+    _check_normalizer_description(channel, d)
+    fn = RemoteFunction(channel, "target", d["id"], d["params"], d["signature"])
     kernel = None
-    if isinstance(d.get("kernel"), dict):
+    if d["kernel"] is not None:
         kernel = Kernel(F=RemoteKernelFunction(channel, "kernel_F"),
                         dF=RemoteKernelFunction(channel, "kernel_dF"),
-                        formula=str(d["kernel"].get("formula", "")))
-    fields = {f.name for f in dataclasses.fields(NormalizerSpec)}
-    extra = {k: _tuple(v) for k, v in d.items()
-             if k in fields and k not in ("fn", "kernel", "reference", "param_checks", "params",
-                                          "claims")}
-    fn.runtime = d.get("runtime") if isinstance(d.get("runtime"), dict) else {}
-    spec = NormalizerSpec(fn=fn, kernel=kernel, params=dict(d.get("params") or {}),
-                          claims=tuple(d.get("claims") or ()), reference=None, **extra)
-    return dataclasses.replace(spec, reference=_reference(channel, d.get("reference")))
+                        formula=d["kernel"]["formula"])
+    extra = {k: _tuple(d[k]) for k in _NORMALIZER_FIELDS if k in d}
+    fn.runtime = dict(d["runtime"])
+    # the target string is the checker's own (a repro line re-checks what was asked for,
+    # whatever the worker says it is)
+    spec = NormalizerSpec(id=d["id"], fn=fn, kernel=kernel, params=dict(d["params"]),
+                          claims=tuple(d["claims"]), reference=None, **extra, target=target)
+    return dataclasses.replace(spec, reference=_reference(channel, d["reference"]))
 
 
 def _tuple(value):
@@ -848,6 +919,100 @@ def _described(channel: Channel) -> dict:
     if not isinstance(d.get("id"), str) or not isinstance(d.get("params", {}), dict):
         channel._fail("described the target without an id or parameters")
     return d
+
+
+# --------------------------------------------------------------------------------------------
+# What a worker says of its target, checked here
+
+
+#: Fields of a normalizer's description taken as they are (after their types are checked).
+_NORMALIZER_FIELDS = ("space", "citation", "source", "length_aware", "description", "layouts",
+                      "dims")
+
+
+def _is_text(v) -> bool:
+    return isinstance(v, str) and len(v) <= 4000
+
+
+def _is_texts(v) -> bool:
+    return isinstance(v, list) and len(v) <= 1000 and all(_is_text(x) for x in v)
+
+
+def _is_plain(v, depth: int = 0) -> bool:
+    """A JSON value a parameter may hold: numbers, text, booleans, null, short lists of them."""
+    if v is None or isinstance(v, (bool, int, str)) or (isinstance(v, float)):
+        return not isinstance(v, str) or _is_text(v)
+    if isinstance(v, list) and depth < 4 and len(v) <= 1000:
+        return all(_is_plain(x, depth + 1) for x in v)
+    return False
+
+
+def _is_params(v) -> bool:
+    return isinstance(v, dict) and len(v) <= 200 and all(
+        isinstance(k, str) and k.isidentifier() and _is_plain(x) for k, x in v.items())
+
+
+def _is_signature(v) -> bool:
+    return isinstance(v, dict) and _is_texts(v.get("accepts")) and \
+        isinstance(v.get("var_keywords"), bool)
+
+
+def _check_normalizer_description(channel: Channel, d: dict) -> None:
+    """Every field the worker's description of a normalizer holds, checked for type and range;
+    a bad one fails the target (``broke the worker protocol: …``). The description is written
+    in the target's own process, after its code ran: it is the code under test's word, used only
+    as data (nothing in it is imported or run here, and no target string in it is loaded)."""
+    from attnverify.normalizers.reference import REFERENCES
+    from attnverify.registry import builtin_ids
+
+    d.setdefault("claims", [])
+    d.setdefault("kernel", None)
+    d.setdefault("reference", None)
+    d.setdefault("runtime", {})
+    d.setdefault("signature", {"accepts": list(d.get("params") or {}), "var_keywords": False})
+    checks = {
+        "id": _is_text(d["id"]) and bool(d["id"].strip()),
+        "params": _is_params(d.get("params", {})),
+        "claims": _is_texts(d["claims"]),
+        "signature": _is_signature(d["signature"]),
+        "kernel": d["kernel"] is None or (isinstance(d["kernel"], dict)
+                                          and _is_text(d["kernel"].get("formula", ""))),
+        "runtime": isinstance(d["runtime"], dict) and len(d["runtime"]) <= 20 and all(
+            _is_text(k) and _is_text(v) for k, v in d["runtime"].items()),
+        "space": _is_text(d.get("space", "simplex")),
+        "citation": _is_text(d.get("citation", "")),
+        "source": _is_text(d.get("source", "")),
+        "description": _is_text(d.get("description", "")),
+        "length_aware": isinstance(d.get("length_aware", False), bool),
+        "layouts": d.get("layouts") is None or _is_texts(d.get("layouts")),
+        "dims": d.get("dims") is None or (isinstance(d.get("dims"), list) and all(
+            type(x) is int for x in d["dims"])),
+    }
+    ref = d["reference"]
+    if ref is None:
+        checks["reference"] = True
+    elif not isinstance(ref, dict):
+        checks["reference"] = False
+    else:
+        kind = ref.get("kind")
+        checks["reference"] = (
+            (kind == "kernel" and d["kernel"] is not None)
+            or (kind == "formula" and ref.get("name") in REFERENCES)
+            or (kind == "builtin" and isinstance(ref.get("name"), str)
+                and ref["name"] in builtin_ids())
+            or (kind == "own" and _is_text(ref.get("label", "")) and _is_params(
+                ref.get("params", {})) and _is_signature(ref)))
+    bad = [name for name, ok in checks.items() if not ok]
+    if bad:
+        channel._fail(f"described the target with a malformed {bad[0]} "
+                      f"({_short(d.get(bad[0]))})")
+    if d["kernel"] is not None:
+        d["kernel"] = {"formula": d["kernel"].get("formula", "")}
+
+
+def _short(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class OwnReference(RemoteFunction):
@@ -865,12 +1030,12 @@ def _reference(channel: Channel, d):
     if d is None or not isinstance(d, dict):
         return None
     kind = d.get("kind")
-    if kind == "formula":
+    if kind == "formula":  # attnverify's formula of a built-in, evaluated here
         from attnverify.normalizers.reference import REFERENCES
 
-        return REFERENCES.get(str(d.get("name")))
-    if kind == "builtin":
-        return str(d.get("name"))
+        return REFERENCES[d["name"]]
+    if kind == "builtin":  # a built-in id (checked against builtin_ids(), never loaded as a path)
+        return d["name"]
     if kind == "own":
         from attnverify.spec import normalizer_spec
 

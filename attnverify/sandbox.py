@@ -23,7 +23,8 @@ by the process it restricts, and is inherited by every process it starts:
 
 Where the kernel has no Landlock (not Linux, or an older or configured-out kernel) the worker
 runs without it and the certificate says so (``sandbox``); ``ATTNVERIFY_SANDBOX=0`` turns it
-off (a target that must write elsewhere), also recorded. This module imports nothing of
+off, and ``ATTNVERIFY_SANDBOX_WRITABLE=DIR[:DIR…]`` lets targets write beneath the directories
+it names (a target that keeps a log, say); both are recorded. This module imports nothing of
 attnverify and nothing but the standard library: it runs in the worker before the target.
 """
 
@@ -58,6 +59,8 @@ DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 GPU_NODES = ("/dev/nvidia*", "/dev/dri", "/dev/kfd")
 
 ENV = "ATTNVERIFY_SANDBOX"
+#: Directories (``os.pathsep``-separated) the person running the check lets targets write.
+WRITABLE_ENV = "ATTNVERIFY_SANDBOX_WRITABLE"
 _ON = ("", "1", "on", "auto", "true", "yes")
 _OFF = ("0", "off", "false", "no")
 
@@ -98,6 +101,18 @@ def private_caches(environ, private_tmp: str) -> None:
     worker compiles afresh, at the price of the shared cache's speed."""
     for name, sub in CACHE_VARIABLES.items():
         environ[name] = os.path.join(private_tmp, sub)
+
+
+def user_writable(environ) -> list[str]:
+    """The directories ``ATTNVERIFY_SANDBOX_WRITABLE`` names (absolute; missing ones left out):
+    a target that must write somewhere (a log, a build directory) is given that place by the
+    person who runs the check, and the certificate says how many such places there were."""
+    out = []
+    for part in (environ.get(WRITABLE_ENV) or "").split(os.pathsep):
+        path = os.path.abspath(part.strip()) if part.strip() else ""
+        if path and os.path.isdir(path) and path not in out:
+            out.append(path)
+    return out
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -182,7 +197,9 @@ def _restrict(abi: int, private_tmp: str, writable) -> str:
             _raise(libc)
     finally:
         os.close(ruleset)
-    parts = ["writes only beneath its own temporary directory"]
+    extra = [p for p in writable if p != private_tmp]
+    parts = ["writes only beneath its own temporary directory" + (
+        f" and {len(extra)} more ({WRITABLE_ENV})" if extra else "")]
     parts.append("no signal, ptrace or abstract socket outside the worker" if scoped else
                  "no ptrace outside the worker (signals not scoped before ABI 6)")
     parts.append("no TCP" if net else "TCP not restricted before ABI 4")

@@ -73,6 +73,8 @@ def parse(data: bytes) -> dict:
         raise
     except (UnicodeDecodeError, ValueError) as exc:
         raise ProtocolError(f"a message that is not JSON ({type(exc).__name__})") from None
+    except RecursionError:
+        raise ProtocolError("a message nested too deeply") from None
     if not isinstance(value, dict):
         raise ProtocolError(f"a message that is a JSON {type(value).__name__}, not an object")
     return value
@@ -333,10 +335,10 @@ def span_elements(t) -> int:
 
 
 class Layout:
-    """Allocation of slots in an arena for one request (a bump allocator from 0)."""
+    """Allocation of slots in an arena for one request (a bump allocator from ``start``)."""
 
-    def __init__(self) -> None:
-        self.used = 0
+    def __init__(self, start: int = 0) -> None:
+        self.used = _round_up(start, ALIGN)
 
     def take(self, nbytes: int) -> int:
         offset = _round_up(self.used, ALIGN)
@@ -387,11 +389,15 @@ def output_slot(layout: Layout, shape, dtype, device: str) -> Slot:
 
 
 def read_tensor(arena: Arena, slot: Slot, *, fresh: bool = True):
-    """The tensor ``slot`` describes, in new storage of its own (the same sizes, strides and
-    storage offset), on ``slot.device``."""
+    """The tensor ``slot`` describes (the same sizes, strides and storage offset), on
+    ``slot.device``: in new storage of its own (``fresh``), or, on the CPU, a view of the
+    arena's own bytes (no copy: what is written into it is what the other side reads)."""
     import torch
 
     dtype = torch_dtype(slot.dtype)
+    if not fresh and slot.device == "cpu":
+        storage = view_of(arena, slot) if slot.elements else torch.empty(0, dtype=dtype)
+        return torch.as_strided(storage, slot.size, slot.stride, slot.storage_offset)
     storage = torch.empty(slot.elements, dtype=dtype, device=slot.device)
     if slot.elements:
         storage.copy_(view_of(arena, slot))

@@ -664,7 +664,7 @@ def _signature(fn) -> dict:
 
 def serve(sock: socket.socket) -> None:
     """The worker's loop: one answer per request, until the channel closes."""
-    server, arena = Server(), None
+    server, arena, retired = Server(), None, []
     while True:
         try:
             message, fds = wire.receive(sock, with_fds=True)
@@ -675,8 +675,8 @@ def serve(sock: socket.socket) -> None:
             if message.get("op") == "map":
                 if len(fds) != 1 or type(message.get("size")) is not int:
                     raise wire.ProtocolError("a map request without one descriptor and a size")
-                if arena is not None:
-                    arena.close()
+                if arena is not None:  # not unmapped: the target may still hold views of it
+                    retired.append(arena)
                 arena = wire.Arena.attach(fds[0], message["size"])
                 reply = {"ok": True}
             elif message.get("op") == "bye":
@@ -726,15 +726,34 @@ def _answer(server: Server, arena, message: dict) -> dict:
     outs = message.get("out", [])
     if not isinstance(slots, list) or not isinstance(outs, list):
         raise wire.ProtocolError("tensors and outputs must be lists")
-    tensors = [wire.read_tensor(arena, wire.Slot.from_json(s, arena.size)) for s in slots]
+    in_slots = [wire.Slot.from_json(s, arena.size) for s in slots]
+    # CPU inputs are views of the arena itself: what the target writes into its arguments is
+    # what the checker reads back after the answer (no_mutation is judged there, not here)
+    tensors = [wire.read_tensor(arena, slot, fresh=False) for slot in in_slots]
+    given = list(tensors)
     out_slots = [wire.Slot.from_json(s, arena.size) for s in outs]
-    reply, outputs = server.handle(message, tensors)
+    try:
+        reply, outputs = server.handle(message, tensors)
+    finally:
+        _return_inputs(arena, in_slots, given)
     if len(outputs) != len(out_slots):
         raise wire.ProtocolError("one output slot per output expected")
     for slot, out in zip(out_slots, outputs):
         if slot.elements:
             wire.view_of(arena, slot).view(slot.size).copy_(out)
     return reply
+
+
+def _return_inputs(arena, slots, tensors) -> None:
+    """Inputs that were copied to another device written back to their slots, so the checker
+    sees what the call left in them (CPU inputs are the arena's bytes already)."""
+    import torch
+
+    for slot, t in zip(slots, tensors):
+        if slot.device != "cpu" and slot.elements:
+            with torch.no_grad():
+                flat = torch.as_strided(t.detach(), (slot.elements,), (1,), 0)
+                wire.view_of(arena, slot).copy_(flat.cpu())
 
 
 # --------------------------------------------------------------------------------------------
@@ -1006,10 +1025,11 @@ def _sandbox(wanted: bool, scratch: str) -> str:
     from attnverify import sandbox
 
     sandbox.private_caches(os.environ, scratch)
+    allowed = sandbox.user_writable(os.environ)
     os.environ["TMPDIR"] = scratch
     tempfile.tempdir = scratch
     sys.dont_write_bytecode = True  # imports of the target write no bytecode (denied anyway)
-    return sandbox.restrict(scratch)
+    return sandbox.restrict(scratch, allowed)
 
 
 def _limit_memory() -> None:

@@ -84,6 +84,7 @@ def test_exit_at_import_fails_the_target_and_keeps_the_others(capsys, tmp_path):
 
 def test_a_hang_is_stopped_by_the_time_limit(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("HOSTILE_MARKER", str(tmp_path / "hung-once"))  # one hang, not eight
+    monkeypatch.setenv("ATTNVERIFY_SANDBOX_WRITABLE", str(tmp_path))  # where the marker goes
     code, targets, data = certificate(capsys, tmp_path, f"{HOSTILE}:hangs", "softmax",
                                       extra=["--timeout", "3"])
     assert code == 1 and data["timeout_s"] == 3 and data["isolation"] is True

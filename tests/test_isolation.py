@@ -53,9 +53,14 @@ def failed(data) -> dict:
     ("cached_by_shape", "deterministic", "an answer remembered from an earlier call"),
     # the answer remembered for an input at the same address
     ("cached_by_address", "deterministic", "the weights depend on what was called before"),
-    # softmax written into the input, returned
-    ("in_place", "shape", "shares its storage with an input"),
-    ("returns_input_view", "shape", "shares its storage with an input"),
+    # softmax written into the input, returned: the checker reads the input back from the arena
+    ("in_place", "shape", "the target wrote into its input"),
+    ("returns_input_view", "shape", "the target wrote into its input"),
+    # right weights, then its argument zeroed (read back by the checker, not reported)
+    ("clobbers_input", "shape", "the target wrote into its input"),
+    # a graph on some inputs, none on others: differentiability is judged over every case
+    ("detached_long_rows", "gradient", "no autograd graph on this input, though it carries one"),
+    ("detached_sometimes", "gradient", "the gradient by reverse mode is"),
     # one output buffer per shape, reused
     ("reused_buffer", "deterministic", "shares its storage with the output of an earlier call"),
     ("grad_off", "no_side_effects", "grad mode changed from True to False"),
@@ -73,6 +78,24 @@ def test_tamperer_fails(capsys, tmp_path, name, prop, fragment):
     bad = failed(data)
     assert prop in bad, sorted(bad)
     assert fragment in bad[prop]["message"], bad[prop]["message"]
+
+
+def test_no_graph_anywhere_is_not_applicable(capsys, tmp_path):
+    """A normalizer computed outside autograd is not differentiable: gradient does not apply
+    (judged over every case, not on one probe input a target could recognise)."""
+    code, data = certify(capsys, tmp_path, f"{TAMPERERS}:never_differentiable", "--reference",
+                         "softmax", "--claims", "simplex")
+    assert code == 0
+    (target,) = data["targets"]
+    grad = next(r for r in target["results"] if r["property"] == "gradient")
+    assert grad["status"] == "not_applicable" and "no autograd graph on any" in grad["message"]
+
+
+def test_mutation_is_read_back_without_isolation(capsys, tmp_path):
+    code, data = certify(capsys, tmp_path, f"{TAMPERERS}:clobbers_input", "--reference",
+                         "softmax", "--claims", "simplex", "--no-isolation")
+    assert code == 1
+    assert "the target wrote into its input" in failed(data)["shape"]["message"]
 
 
 @pytest.mark.parametrize("name", ["imports_attnverify", "self_checking"])
@@ -176,9 +199,10 @@ def test_layout_crosses_the_boundary():
     remote.shutdown()
 
 
-def test_nothing_outlives_the_run(capsys, tmp_path):
+def test_nothing_outlives_the_run(capsys, tmp_path, monkeypatch):
     """A target that leaves a daemon behind (double fork, new session): the daemon is killed
     before certify writes its certificate."""
+    monkeypatch.setenv("ATTNVERIFY_SANDBOX_WRITABLE", str(tmp_path))  # its pid file
     pidfile = tmp_path / "daemon.pid"
     source = tmp_path / "daemonizes.py"
     source.write_text(f"""

@@ -202,3 +202,14 @@ def test_scratch_directories_are_removed(tmp_path):
                            *FAST], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert [p.name for p in scratch.iterdir() if p.name.startswith("attnverify-worker-")] == []
+
+
+def test_a_directory_the_user_allows(capsys, tmp_path, bait, monkeypatch):
+    """ATTNVERIFY_SANDBOX_WRITABLE lets targets write beneath the directories it names, and the
+    certificate counts them."""
+    monkeypatch.setenv("ATTNVERIFY_SANDBOX_WRITABLE", str(bait))
+    code, data, _ = certify(capsys, tmp_path, f"{TAMPERERS}:reaches_checker",
+                            "--reference", "softmax", "--claims", "simplex")
+    assert code == 1  # it wrote where it was allowed to: its uniform weights fail
+    assert list(bait.iterdir())
+    assert "and 1 more (ATTNVERIFY_SANDBOX_WRITABLE)" in data["sandbox"]

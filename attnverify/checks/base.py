@@ -43,6 +43,18 @@ class Violation(AssertionError):
         self.details = details
 
 
+class NoGraph(Violation):
+    """The output carries no autograd graph on this input: a property that differentiates the
+    normalizer cannot judge it here. The runner (:func:`attnverify.certify.run_unit`) decides
+    over every case of the unit: on none of them a graph, the property is not applicable (a
+    normalizer that is not differentiable); on some but not others, a violation on the first
+    input without one (its derivative would be lost there without a word)."""
+
+    def __init__(self, message: str = "the output carries no autograd graph on this input",
+                 **kw):
+        super().__init__(message, observed=1, bound=0, ratio=math.inf, **kw)
+
+
 @dataclass(frozen=True)
 class Context:
     """Where and how a property runs: profile limits, dtypes, device, seed, and the temperature

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from attnverify.checks import cases as C
-from attnverify.checks.base import NormalizerError, Violation, as_float64, call
+from attnverify.checks.base import NoGraph, NormalizerError, Violation, as_float64, call
 from attnverify.checks.layout import case_weights
 
 F64 = torch.float64
@@ -74,17 +74,15 @@ def gradient_battery(spec, ctx):
 
 
 def differentiable(spec, ctx) -> str | None:
-    """Applies unless the output carries no autograd graph (a NumPy kernel, say), or the
-    normalizer takes float32 but not float64 scores (the derivatives are checked in float64)."""
+    """Applies unless the normalizer takes float32 but not float64 scores (the derivatives are
+    checked in float64). Whether it is differentiable at all is not decided here, on one input
+    the target could recognise, but by every case of the property (:class:`NoGraph`): no graph
+    on any of them is "not applicable", a graph on some and not on others a violation."""
     out = _probe(spec, F64)
-    if isinstance(out, Exception):
-        if isinstance(_probe(spec, torch.float32), Tensor):
-            return f"the normalizer raises on float64 scores ({out}); derivatives are checked " \
-                   "in float64"
-        return None  # it raises on everything: the check reports the error
-    if not isinstance(out, Tensor) or not out.requires_grad:
-        return "the output carries no autograd graph (not differentiable)"
-    return None
+    if isinstance(out, Exception) and isinstance(_probe(spec, torch.float32), Tensor):
+        return f"the normalizer raises on float64 scores ({out}); derivatives are checked " \
+               "in float64"
+    return None  # it raises on everything: the check reports the error
 
 
 def _probe(spec, dtype):
@@ -222,7 +220,7 @@ def check_gradient(spec, case, ctx) -> float:
         zz = z.clone().requires_grad_(True)
         out = f(zz)
         if not out.requires_grad:
-            return 0.0
+            raise NoGraph()
         try:
             grad = as_float64(_grad(out, zz, u.to(out.dtype)))
         except Exception as exc:  # noqa: BLE001 - the normalizer's backward failed
@@ -306,7 +304,7 @@ def check_double_backward(spec, case, ctx) -> float:
         zz = z.clone().requires_grad_(True)
         out = f(zz)
         if not out.requires_grad:
-            return 0.0
+            raise NoGraph()
         first = _grad(out, zz, u.to(out.dtype), create_graph=True)
         if not first.requires_grad:
             raise Violation("the gradient carries no graph: backward is not differentiable",

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from attnverify.checks.base import NormalizerError, Violation
+from attnverify.checks.base import NoGraph, NormalizerError, Violation
 from attnverify.strategies.layouts import Layout, build_layout, plain
 
 MAX_CHECKS = 400
@@ -58,6 +58,8 @@ KEY_FIELDS = ("x",)
 
 
 def _kind(exc: BaseException) -> str | None:
+    if isinstance(exc, NoGraph):  # no derivative to judge: not the failure being shrunk
+        return "no graph"
     if isinstance(exc, Violation):
         return "violation"
     if isinstance(exc, NormalizerError):
