@@ -327,3 +327,45 @@ def test_time_limit_covers_a_hang(capsys, tmp_path):
     assert code == 1
     assert any("time limit of 2 s" in r["message"] for r in failed(data).values())
     assert time.monotonic() - start < 120
+
+
+# --------------------------------------------------------------------------------------------
+# What the worker says of its target is data
+
+
+FORGED = str(FIXTURES / "forged_description.py")
+
+
+@pytest.mark.parametrize("mode, fragment", [
+    ("builtin_reference", "malformed reference"),
+    ("formula_reference", "malformed reference"),
+    ("own_params", "malformed reference"),
+    ("signature", "malformed signature"),
+    ("kernel_formula", "malformed kernel"),
+])
+def test_a_forged_description_fails_the_target(capsys, tmp_path, monkeypatch, mode, fragment):
+    """A description the target's process forged fails that target (no traceback, no verdict
+    of certified), and nothing it names is imported in the checker."""
+    marker = tmp_path / "marker"
+    marker.mkdir()
+    monkeypatch.setenv("FORGE_MODE", mode)
+    monkeypatch.setenv("FORGE_MARKER", str(marker))
+    code, data = certify(capsys, tmp_path, f"{FORGED}:uniform")
+    assert code == 1
+    (target,) = data["targets"]
+    assert target["verdict"] == "failed"
+    (load,) = target["results"]
+    assert load["property"] == "load" and fragment in load["message"], load["message"]
+    assert list(marker.iterdir()) == [], "the checker imported the target's file"
+
+
+def test_the_target_string_is_the_checkers(capsys, tmp_path, monkeypatch):
+    """A worker that says its target is the built-in softmax (with softmax's reference) is
+    still checked, reported and reproduced as the file that was asked for."""
+    monkeypatch.setenv("FORGE_MODE", "target")
+    code, data = certify(capsys, tmp_path, f"{FORGED}:uniform")
+    assert code == 1
+    (target,) = data["targets"]
+    assert target["target"] == f"{FORGED}:uniform"
+    ref = failed(data)["matches_reference"]
+    assert f"attnverify repro {FORGED}:uniform " in ref["counterexample"]["repro"]
