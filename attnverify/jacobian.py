@@ -43,6 +43,9 @@ class Linearization:
     ``mode`` says how the products are formed, trying each in turn and keeping the first that
     works (``forward_error`` keeps why forward mode failed):
 
+    - ``"direct"``: ``f.products(z)``, where ``f`` offers it (a row map of a function behind
+      the process boundary, :meth:`attnverify.remote.RemoteFunction.products`): each product is
+      one request to the worker;
     - ``"forward"``: ``torch.func`` (``jvp`` for ``J·v``, ``vjp`` for ``Jᵀ·u``);
     - ``"double_backward"``: plain autograd on one recorded graph; ``Jᵀu`` is one backward pass
       and ``J·v`` the double-backward trick ``∂⟨Jᵀw, v⟩/∂w`` (``f``'s backward differentiable);
@@ -59,8 +62,24 @@ class Linearization:
         self.forward_error: BaseException | None = None
         self._graph: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
         self._dense: Tensor | None = None
+        #: ``f.products(z)`` where ``f`` offers it: ``(jvp(v), vjp(u))`` made directly (a
+        #: function behind the process boundary: one request per product), tried first.
+        self._direct = None
+        products = getattr(f, "products", None)
+        if callable(products):
+            try:
+                self._direct = products(self.z)
+                self.mode = "direct"
+            except Exception:  # noqa: BLE001 - no direct products: the ways below
+                self._direct = None
 
     def jvp(self, v: Tensor) -> Tensor:
+        if self.mode == "direct":
+            try:
+                return self._direct[0](v)
+            except Exception as exc:  # noqa: BLE001 - no forward mode there: fall back
+                self.mode = "forward"
+                self.forward_error = exc
         if self.mode == "forward":
             try:
                 return torch.func.jvp(self.f, (self.z,), (v,))[1]
@@ -80,6 +99,12 @@ class Linearization:
         return torch.bmm(self.dense(), v.unsqueeze(-1)).squeeze(-1)
 
     def vjp(self, u: Tensor) -> Tensor:
+        if self.mode == "direct":
+            try:
+                return self._direct[1](u)
+            except Exception as exc:  # noqa: BLE001 - fall back to the ways below
+                self.mode = "forward"
+                self.forward_error = exc
         if self.mode == "forward":
             try:
                 if self._vjp_fn is None:

@@ -83,19 +83,16 @@ class Case:
         """The map of the unmasked logits to their weights, and those logits."""
         idx = torch.nonzero(self.unmasked).reshape(-1)
         if len(idx) == len(self.row):
-            return self.normalize, self.row
-        base = self.row
-
-        def restricted(x: Tensor) -> Tensor:
-            full = base.expand(x.shape[:-1] + base.shape).index_copy(-1, idx, x)
-            return self.normalize(full).index_select(-1, idx)
-
-        return restricted, self.row[idx]
+            return _FreeMap(self, None), self.row
+        return _FreeMap(self, idx), self.row[idx]
 
     @cached_property
     def spectral(self) -> jacobian.SpectralNorm:
         f, z = self.free_map
-        return jacobian.spectral_norm(f, z)
+        # a short row's Jacobian is formed whole (one batch of products, an SVD of at most
+        # DENSE_KEYS²); a longer one's norm comes from Lanczos, a few products a step
+        method = "dense" if z.shape[-1] <= DENSE_KEYS else "lanczos"
+        return jacobian.spectral_norm(f, z, method=method)
 
     @cached_property
     def entrywise(self) -> jacobian.EntrywiseNorms:
@@ -110,6 +107,51 @@ class Case:
             if name in self.spec.params:
                 return float(self.spec.params[name])
         return default
+
+
+#: Rows of at most this many unmasked keys get their spectral norm from the dense Jacobian.
+DENSE_KEYS = 16
+
+
+class _FreeMap:
+    """The map of a case's unmasked logits (``[..., L]``) to their weights; with
+    :meth:`products` where the normalizer offers direct products (one request each behind the
+    process boundary, :meth:`attnverify.remote.RemoteFunction.products`)."""
+
+    def __init__(self, case: Case, idx: Tensor | None) -> None:
+        self.case, self.idx = case, idx
+
+    def _full(self, x: Tensor) -> Tensor:
+        if self.idx is None:
+            return x
+        base = self.case.row
+        return base.expand(x.shape[:-1] + base.shape).index_copy(-1, self.idx, x)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        out = self.case.normalize(self._full(x))
+        return out if self.idx is None else out.index_select(-1, self.idx)
+
+    def __getattr__(self, name: str):
+        if name != "products":
+            raise AttributeError(name)
+        direct = getattr(self.case.spec.fn, "products", None)
+        if not callable(direct):
+            raise AttributeError(name)
+        return self._products
+
+    def _products(self, z: Tensor):
+        spec = self.case.spec
+        jvp, vjp = spec.fn.products(dim=-1, **{**spec.params, **self.case.overrides})
+        full = self._full(z)
+        if self.idx is None:
+            return (lambda v: jvp(full, v)), (lambda u: vjp(full, u))
+        idx = self.idx
+
+        def embed(t: Tensor) -> Tensor:
+            return torch.zeros_like(full).index_copy(-1, idx, t)
+
+        return ((lambda v: jvp(full, embed(v)).index_select(-1, idx)),
+                (lambda u: vjp(full, embed(u)).index_select(-1, idx)))
 
 
 @dataclass(frozen=True)

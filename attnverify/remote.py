@@ -823,6 +823,25 @@ class RemoteFunction:
         return _apply(self.channel, self.fn, [scores], {"dim": dim, **self._overrides(params)},
                       expect)
 
+    def products(self, dim=-1, **params):
+        """``(jvp(z, v), vjp(z, u))`` of the function at rows ``z`` (no graph kept): one request
+        each, where ``torch.func`` through the proxy makes two for ``J·v`` (the forward, then
+        the product). For searches that need many products of one small input
+        (:class:`attnverify.jacobian.Linearization`)."""
+        kwargs = {"dim": dim, **self._overrides(params)}
+        expect = _same_as_first if self.same_dtype else _any_float_like_first
+
+        def site(z):
+            return _Site(self.channel, self.fn, [{"$tensor": 0}], kwargs, expect, False)
+
+        def jvp(z, v):
+            return site(z).jvp([z.detach()], (0,), [v.detach()])
+
+        def vjp(z, u):
+            return site(z).vjp([z.detach()], u.detach(), (0,), create_graph=False)[0][0]
+
+        return jvp, vjp
+
     def many(self, inputs: list, dim=-1, *, reuse: dict | None = None, **params) -> list:
         """The function on each of ``inputs`` (no grad), in order, in one request; a call that
         raises raises :class:`TargetRaised` with its ``index``. ``reuse`` ``{i: j}``: call ``i``

@@ -327,3 +327,34 @@ def test_fd_estimate_tends_to_the_directional_derivative():
         "fd estimate at small ε",
         tol=tol_for(torch.float32),
     )
+
+
+def test_direct_products_behind_the_boundary_agree_with_torch_func():
+    """A normalizer behind the process boundary offers direct products (one request each): the
+    spectral norm and the products agree with torch.func's on the same rows, masked keys too."""
+    from attnverify import remote
+    from attnverify.quantities import Case
+    from attnverify.runconfig import make_context
+
+    ctx = make_context("dev")
+    spec = remote.open_normalizer("entmax15", {}, ctx)
+    try:
+        gen = torch.Generator().manual_seed(3)
+        for row in (torch.randn(40, generator=gen, dtype=torch.float64),
+                    torch.cat([torch.randn(20, generator=gen, dtype=torch.float64),
+                               torch.full((5,), float("-inf"), dtype=torch.float64)])):
+            case = Case(spec, row, 0.7)
+            f, z = case.free_map
+            lin = jacobian.linearize(f, z)
+            assert lin.mode == "direct"
+            v = torch.randn(z.shape, generator=gen, dtype=torch.float64)
+            want_jv = torch.func.jvp(f.__call__, (z,), (v,))[1]
+            want_vj = torch.func.vjp(f.__call__, z)[1](v)[0]
+            torch.testing.assert_close(lin.jvp(v), want_jv)
+            torch.testing.assert_close(lin.vjp(v), want_vj)
+            direct = jacobian.spectral_norm(f, z).value
+            plain = jacobian.spectral_norm(f.__call__, z).value
+            torch.testing.assert_close(direct, plain, rtol=1e-6, atol=1e-9)
+    finally:
+        remote.channel_of(spec).close()
+        remote.shutdown()
