@@ -125,6 +125,7 @@ def test_property(attnverify_case, request):
     record = {"target": target, "claims": list(spec.claims), "params": dict(spec.params),
               "reference": reference_label(spec), "reference_owner": reference_owner(spec),
               "worker_pids": list(monitor.pids) if monitor is not None else [],
+              "sandbox": list(dict.fromkeys(monitor.sandboxes)) if monitor is not None else [],
               "result": res.to_json(partial=shard is not None)}
     from attnverify.certify import jsonable
 
@@ -159,6 +160,9 @@ def certificate_from_records(config, records: list[dict]) -> dict:
         for pid in rec.get("worker_pids", []):
             if pid not in t.worker_pids:
                 t.worker_pids.append(pid)
+        for phrase in rec.get("sandbox", []):
+            if phrase not in t.sandbox:
+                t.sandbox.append(phrase)
         t.results.append(PropertyResult.from_json(rec["result"]))
     from attnverify.checks import LAST
 

@@ -86,6 +86,9 @@ def test_plugin_runs_the_target_behind_the_process_boundary(pytester, monkeypatc
         assert any(fragment in m for m in messages), (name, messages)
         assert result.ret == 1 and data["isolation_mode"] == "process"
         assert t["worker_pids"] and data["checker_pid"] not in t["worker_pids"]
+        # the plugin's certificate says what its workers ran under, as certify's does
+        assert data["sandbox"] == t["sandbox"]
+        assert data["sandbox"].startswith(("landlock ABI", "none: this kernel has no Landlock"))
 
 
 def test_plugin_shards_merge_into_what_certify_writes(pytester, monkeypatch, capsys):
