@@ -51,6 +51,8 @@ class Context:
     profile: str = "ci"
     max_examples: int = 60
     max_length: int = 4096
+    #: The most entries of one case, rows × row length (:data:`attnverify.runconfig.PROFILES`).
+    max_elements: int = 2**21
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
     device: str = "cpu"
     seed: int = 0
