@@ -94,7 +94,8 @@ class Context:
     def unit_position(self, dtype: torch.dtype) -> int:
         """Where ``dtype`` stands among the run's dtypes of its kind (full or half): the
         explicit cases of a unit continue where the unit before it stopped, and only the first
-        unit of a kind adds the cases that are not per dtype (a long row, many rows)."""
+        unit of a kind adds the cases that are not per dtype (long rows, many rows, many
+        entries)."""
         family = self.all_low_dtypes if dtype in LOW_PRECISION else self.all_full_dtypes
         return family.index(dtype) if self.unit_dtype is not None and dtype in family else 0
 

@@ -122,7 +122,8 @@ def _kinds(spec, kinds, allow_mask) -> tuple[str, ...]:
 #: op.
 ELEMENTS = 1 << 14
 #: One many-row draw in this many may hold up to the profile's most entries
-#: (``ctx.max_elements``): rows × row length past 2**15, 2**16, 2**20, … as the joint cases do.
+#: (``ctx.max_elements``): rows × row length past 2**15, 2**16, 2**20, … as the explicit cases
+#: of :data:`BATTERY_JOINT` do, rarely enough that such cases stay a small part of a run.
 LARGE_SHARE = 32
 # Strategies built once: building one inside a draw costs more than the draw (Hypothesis
 # inspects it).
@@ -205,10 +206,10 @@ BATTERY_ROWS = 4
 
 
 class Explicit(NamedTuple):
-    """An explicit case of many rows or many entries: ``rows`` × ``length`` of ``kind``
-    (``masked`` where the property takes masked keys, else ``gaussian``), given in the layout
-    ``(kind, rank, axis from the end, positive spelling, detail)`` of
-    :func:`attnverify.strategies.layouts.build_layout`."""
+    """An explicit case of many rows or many entries: ``rows`` × ``length`` scores built from
+    ``seed`` (of the kind ``masked`` when ``masked`` and the property takes masked keys, else
+    ``gaussian``), given in the layout ``(kind, rank, axis from the end, positive spelling,
+    detail)`` of :func:`attnverify.strategies.layouts.build_layout`."""
 
     rows: int
     length: int
@@ -287,8 +288,7 @@ def joint_entries(ctx: Context, picks=None) -> tuple[Explicit, ...]:
                  and e.length <= longest_row(e.rows, limit))
 
 
-#: The explicit long rows: one past the profile's longest block of keys at most, and at most
-#: this long.
+#: The explicit long rows have ``min(max_length, LONG_ROW)`` keys, the masked ones one more.
 LONG_ROW = 4096
 
 

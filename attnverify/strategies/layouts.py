@@ -378,9 +378,8 @@ def _split(rows: int, parts: int, rng: random.Random) -> list[int]:
     return out + [rows]
 
 
-#: The kinds a layout combines, each an independent feature of :func:`build_layout` (the memory
-#: order is one of ``transposed`` and ``permuted``, or neither).
-FEATURES = ("offset", "transposed", "permuted", "strided", "expanded")
+#: The memory orders a layout may have besides the identity (one at most: the other features,
+#: a slice, a stride-0 axis and an offset, combine with either and with each other).
 VIEWS = ("transposed", "permuted")
 
 
@@ -451,8 +450,8 @@ def build_layout(rows: int, length: int, *, rank: int = 2, from_end: int = -1,
 
 def _memory_order(rank: int, live: list[int], features: frozenset[str],
                   rng: random.Random) -> list[int]:
-    """The memory order of the axes: the identity, ``live`` axes swapped in pairs of two
-    (``transposed``) or permuted otherwise (``permuted``, a swap where only two are live)."""
+    """The memory order of the axes: the identity, two ``live`` axes swapped (``transposed``)
+    or the ``live`` axes in another order (``permuted``; a swap where only two are live)."""
     order = list(range(rank))
     view = next((k for k in VIEWS if k in features), None)
     if view is None or len(live) < 2:
@@ -654,8 +653,9 @@ def row_layouts(*, rows: int | SearchStrategy[int] = 1, length: int | SearchStra
             kinds: Sequence[str] | None = None, dims: Sequence[int] | None = None
             ) -> SearchStrategy[Layout]:
     """Layouts of ``rows`` rows of ``length`` keys: ranks 1–4, any axis (``dims``: only those,
-    counted from the end), any of :data:`KINDS` (``kinds``: only those). Shrinks towards the
-    contiguous ``[rows, length]`` block with ``dim=-1``."""
+    counted from the end), any of :data:`KINDS` and several together (``kinds``: only layouts
+    whose every kind is among those). Shrinks towards the contiguous ``[rows, length]`` block
+    with ``dim=-1``, each feature on its own."""
     try:
         space = layout_space(kinds, dims)
     except ValueError as exc:
