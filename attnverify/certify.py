@@ -316,6 +316,12 @@ class _State:
         self.no_graph: list = []
 
 
+#: Cases of more entries than this report no ``hypothesis.target``: Hypothesis's target phase
+#: climbs from the worst case it saw, by cases like it, and a climb from a case of the profile's
+#: most entries would repeat such cases at hundreds of times the cost of a small one.
+CLIMB_ENTRIES = 1 << 15
+
+
 def _size(case: Any) -> int:
     scores = getattr(case, "scores", None)
     return int(scores.numel()) if isinstance(scores, torch.Tensor) else 0
@@ -509,7 +515,7 @@ def search_test(prop: Property, spec: NormalizerSpec, ctx: Context, state: _Stat
             if not fuzz:
                 raise
             raise WorkerStopped(f"the normalizer {exc.reason}") from None
-        if math.isfinite(ratio):
+        if math.isfinite(ratio) and _size(case) <= CLIMB_ENTRIES:
             hypothesis.target(min(ratio, 1e12), label=label)
 
     return given(prop.cases(spec, ctx))(body)

@@ -10,6 +10,10 @@ properties, with, per property, the fields where that property covered something
   spellings were used), ``layouts`` (the kinds of :mod:`attnverify.strategies.layouts`);
 - ``row_length`` and ``row_count`` ``[fewest, most]`` (rows as the normalizer was given them,
   copies along a stride-0 axis included);
+- ``elements`` ``[fewest, most]``: the entries of the tensor given (rows × row length, the joint
+  size the two ranges alone do not tell); ``large_cases``: how many cases held more than
+  :data:`LARGE` entries, and ``large_sizes`` the ``[rows, row length]`` of those, largest first
+  (at most :data:`LARGE_SIZES` of them);
 - ``masked_keys`` and ``fully_masked_rows``: how many cases had a masked key in a live row, and a
   row with every key masked;
 - ``temperature``: ``[lowest, highest]``, or ``null`` when no case had one;
@@ -26,7 +30,13 @@ import math
 from typing import Any
 
 FIELDS = ("cases", "dtypes", "ranks", "axes", "layouts", "row_length", "row_count",
-          "masked_keys", "fully_masked_rows", "temperature")
+          "elements", "large_cases", "large_sizes", "masked_keys", "fully_masked_rows",
+          "temperature")
+#: Cases of more entries than this (torch's parallel grain, where many kernels take another
+#: path) are counted in ``large_cases`` and listed in ``large_sizes``.
+LARGE = 2**15
+#: The most ``[rows, row length]`` pairs ``large_sizes`` lists.
+LARGE_SIZES = 16
 
 
 class Coverage:
@@ -40,6 +50,9 @@ class Coverage:
         self.layouts: set[str] = set()
         self.lengths: list[int] = []
         self.rows: list[int] = []
+        self.elements: list[int] = []
+        self.large: set[tuple[int, int]] = set()
+        self.large_cases = 0
         self.masked = 0
         self.fully = 0
         self.temperatures: list[float] = []
@@ -74,8 +87,7 @@ class Coverage:
         self.ranks.add(layout.rank)
         self.axes.add(layout.dim)
         self.layouts.update(layout.kinds)
-        self.lengths.append(length)
-        self.rows.append(layout.rows_given)
+        self._size(layout.rows_given, length)
         masked = scores == float("-inf")
         dead = masked.all(dim=-1)
         self.masked += int(bool((masked & ~dead.unsqueeze(-1)).any()))
@@ -91,11 +103,18 @@ class Coverage:
         mask = getattr(case, "attn_mask", None)
         if mask is not None and 0 in mask.stride():
             self.layouts.add("expanded")
-        self.lengths.append(int(k.shape[-2]))
-        self.rows.append(int(math.prod(q.shape[:-1])))
+        self._size(int(math.prod(q.shape[:-1])), int(k.shape[-2]))
         recipe = getattr(case, "recipe", {}) or {}
         self.masked += int(mask is not None or bool(getattr(case, "is_causal", False)))
         self.fully += int(recipe.get("mask") == "fully_masked")
+
+    def _size(self, rows: int, length: int) -> None:
+        self.lengths.append(length)
+        self.rows.append(rows)
+        self.elements.append(rows * length)
+        if rows * length > LARGE:
+            self.large_cases += 1
+            self.large.add((rows, length))
 
     def to_json(self, declared: dict | None = None) -> dict[str, Any] | None:
         """The block (``None`` before any case)."""
@@ -111,6 +130,9 @@ class Coverage:
             "layouts": [k for k in KINDS if k in self.layouts],
             "row_length": _span(self.lengths),
             "row_count": _span(self.rows),
+            "elements": _span(self.elements),
+            "large_cases": self.large_cases,
+            "large_sizes": _largest(self.large),
             "masked_keys": self.masked,
             "fully_masked_rows": self.fully,
             "temperature": _span(self.temperatures),
@@ -120,6 +142,12 @@ class Coverage:
 
 def _span(values: list) -> list | None:
     return [min(values), max(values)] if values else None
+
+
+def _largest(sizes) -> list[list[int]]:
+    """The ``[rows, length]`` pairs with the most entries first, at most :data:`LARGE_SIZES`."""
+    ordered = sorted({tuple(s) for s in sizes}, key=lambda s: (-s[0] * s[1], -s[1]))
+    return [list(s) for s in ordered[:LARGE_SIZES]]
 
 
 def _dtype_order(name: str) -> int:
@@ -152,6 +180,9 @@ def merge(blocks: list[dict]) -> dict[str, Any] | None:
         "layouts": [k for k in KINDS if k in layouts],
         "row_length": widest("row_length"),
         "row_count": widest("row_count"),
+        "elements": widest("elements"),
+        "large_cases": sum(b.get("large_cases", 0) for b in blocks),
+        "large_sizes": _largest(s for b in blocks for s in (b.get("large_sizes") or [])),
         "masked_keys": sum(b.get("masked_keys", 0) for b in blocks),
         "fully_masked_rows": sum(b.get("fully_masked_rows", 0) for b in blocks),
         "temperature": widest("temperature"),
@@ -160,7 +191,8 @@ def merge(blocks: list[dict]) -> dict[str, Any] | None:
 
 
 #: Fields compared per property in :func:`target_block` (counts of cases always differ).
-COMPARED = ("dtypes", "ranks", "axes", "layouts", "row_length", "row_count", "temperature")
+COMPARED = ("dtypes", "ranks", "axes", "layouts", "row_length", "row_count", "elements",
+            "temperature")
 
 
 def target_block(results) -> dict[str, Any] | None:
@@ -190,7 +222,9 @@ def _range(span, unit: str = "") -> str:
 
 def describe(block: dict | None) -> str:
     """One line: ``1234 cases; float32, float64; ranks 1–4; dim -4…3; layouts …; rows 1–4097;
-    row length 1–4096; masked keys in 300 cases, fully masked rows in 40; T 0.001–10``."""
+    row length 1–4097; entries 1–2101761 (30 cases above 32768, the largest [4097, 513],
+    [1025, 2049], [257, 4097]); masked keys in 300 cases, fully masked rows in 40;
+    T 0.001–10``."""
     if not block:
         return "no cases"
     ranks = block.get("ranks") or []
@@ -202,6 +236,7 @@ def describe(block: dict | None) -> str:
              f"layouts {', '.join(block.get('layouts') or []) or '-'}",
              f"rows {_range(block.get('row_count'))}",
              f"row length {_range(block.get('row_length'))}",
+             _entries(block),
              f"masked keys in {block.get('masked_keys', 0)} cases, fully masked rows in "
              f"{block.get('fully_masked_rows', 0)}"]
     if block.get("temperature"):
@@ -209,12 +244,23 @@ def describe(block: dict | None) -> str:
     return "; ".join(parts)
 
 
+def _entries(block: dict) -> str:
+    """``entries 1–2101761 (30 cases above 32768, the largest [4097, 513], …)``."""
+    text = f"entries {_range(block.get('elements'))}"
+    large = block.get("large_cases") or 0
+    if large:
+        sizes = ", ".join(str(list(s)) for s in (block.get("large_sizes") or [])[:3])
+        text += f" ({large} case{'s' if large > 1 else ''} above {LARGE}, the largest {sizes})"
+    return text
+
+
 def describe_difference(diff: dict) -> str:
     """``float64 only; rows 1–4097`` for a property's differing fields."""
     out = []
     for key, value in diff.items():
-        if key in ("row_length", "row_count", "temperature"):
-            name = {"row_length": "row length", "row_count": "rows", "temperature": "T"}[key]
+        if key in ("row_length", "row_count", "elements", "temperature"):
+            name = {"row_length": "row length", "row_count": "rows", "elements": "entries",
+                    "temperature": "T"}[key]
             out.append(f"{name} {_range(value)}")
         elif value is None:
             out.append(f"no {key}")

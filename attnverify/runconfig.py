@@ -1,8 +1,9 @@
 """Run configuration, defined once for the command line and the pytest plugin.
 
-- :data:`PROFILES`: per profile, the examples per property, the longest row the strategies draw
-  and the per-example time limit of an isolated run (``--timeout`` overrides it). Each profile is
-  also registered with Hypothesis as ``attnverify-<name>`` (``settings.get_profile``).
+- :data:`PROFILES`: per profile, the examples per property, the longest row the strategies draw,
+  the most entries of one case and the per-example time limit of an isolated run
+  (``--timeout`` overrides it). Each profile is also registered with Hypothesis as
+  ``attnverify-<name>`` (``settings.get_profile``).
 - :func:`make_context`: the one validated constructor of a :class:`RunContext` (profile, dtypes,
   device, examples, seed, time limit, isolation); every bad value is a :class:`UsageError` that
   names its option.
@@ -23,12 +24,14 @@ PROFILE_ENV = "ATTNVERIFY_PROFILE"
 #: ``0``/``off`` runs targets in the calling process (for debugging; no time limit).
 ISOLATION_ENV = "ATTNVERIFY_ISOLATION"
 
-#: Profiles: examples per property, the longest row the strategies may draw, and the
-#: per-example time limit in seconds of an isolated run.
+#: Profiles: examples per property, the longest row the strategies may draw, the most entries
+#: of one case (rows × row length, each of the two up to one past a block of that many:
+#: ``[4097, 513]`` at ``2**21``) and the per-example time limit in seconds of an isolated run.
 PROFILES: dict[str, dict[str, int]] = {
-    "dev": {"max_examples": 20, "max_length": 256, "timeout_s": 10},
-    "ci": {"max_examples": 50, "max_length": 4096, "timeout_s": 30},
-    "thorough": {"max_examples": 400, "max_length": 65536, "timeout_s": 120},
+    "dev": {"max_examples": 20, "max_length": 256, "max_elements": 2**17, "timeout_s": 10},
+    "ci": {"max_examples": 50, "max_length": 4096, "max_elements": 2**21, "timeout_s": 30},
+    "thorough": {"max_examples": 400, "max_length": 65536, "max_elements": 2**23,
+                 "timeout_s": 120},
 }
 PROFILE_NAMES = tuple(PROFILES)
 DEFAULT_PROFILE = "ci"

@@ -150,8 +150,9 @@ def normalizer_spec(
     validates parameters given with ``--params`` (see the field). ``layouts`` and ``dims`` declare
     what it takes when that is less than every input: memory layouts among
     :data:`LAYOUT_KINDS` (``"contiguous"`` included) and axes counted from the end (``-1``: the
-    last axis); certify then calls it only there, and without them it is held to every layout,
-    rank and axis.
+    last axis); certify then calls it only there (a layout whose every kind is declared: a
+    transposed view at an offset when both are declared), and without them it is held to every
+    layout, rank and axis.
     """
     if not callable(fn):
         raise TargetError(f"normalizer {id or fn!r}: fn is not callable")

@@ -12,13 +12,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import find, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 
 from attnverify import cli, normalizer_spec, serialize
 from attnverify.certify import certify_target, make_context, run_property
 from attnverify.checks import PROPERTIES
+from attnverify.checks import cases as C
 from attnverify.checks.cases import CASE_TYPES, RowCase
+from attnverify.checks.layout import space_of
 from attnverify.checks.shrink import simpler_layouts
 from attnverify.errors import TargetError, UsageError
 from attnverify.registry import load_target
@@ -38,6 +41,8 @@ from attnverify.strategies.layouts import (
 
 FILE = str(Path(__file__).parent / "fixtures" / "planted_layout.py")
 CTX = make_context("ci", seed=0)
+#: Derandomized (``find`` takes its own settings): the same example on every run.
+FIND = settings(database=None, max_examples=2000, deadline=None, derandomize=True)
 
 
 def target(attr: str):
@@ -114,6 +119,75 @@ def test_fit_keeps_the_layout_for_other_row_counts():
     assert (one.rank, one.rows, one.length) == (2, 3, 4)
 
 
+def test_layouts_combine_a_view_a_slice_an_expanded_axis_and_an_offset():
+    rows = torch.arange(24.0).reshape(6, 4)
+    lay = build_layout(6, 4, rank=4, kind=("transposed", "strided", "expanded", "offset"),
+                       detail=5)
+    assert set(lay.kinds) == {"transposed", "strided", "expanded", "offset"}, lay
+    x = present(rows, lay)
+    assert tuple(x.stride()) == lay.strides and x.storage_offset() == lay.offset > 0
+    assert 0 in x.stride() and not x.is_contiguous()
+    assert torch.equal(collect(x, lay), rows)
+    for copy in collect(x, lay, copies="all"):
+        assert torch.equal(copy, rows)
+    text = lay.describe()
+    assert text.startswith("a transposed and strided view of a ") and "step " in text
+    assert "expanded with stride 0" in text and f"at storage offset {lay.offset}" in text
+    assert Layout.from_json(json.loads(json.dumps(lay.to_json()))) == lay
+
+
+def test_a_combination_is_named_by_its_kinds():
+    assert build_layout(2, 3, kind=("contiguous",)) == build_layout(2, 3)
+    with pytest.raises(InvalidArgument, match="transposed or permuted"):
+        build_layout(2, 3, kind=("transposed", "permuted"))
+    with pytest.raises(InvalidArgument, match="'sideways'"):
+        build_layout(2, 3, kind=("offset", "sideways"))
+
+
+def test_hypothesis_draws_the_features_of_a_layout_together():
+    lay = find(row_layouts(rows=4, length=3), lambda lay: len(lay.kinds) >= 3, settings=FIND)
+    assert len(lay.kinds) == 3, lay
+    lay = find(row_layouts(rows=4, length=3), lambda lay: len(lay.kinds) == 4, settings=FIND)
+    assert len(set(lay.kinds) & {"transposed", "permuted"}) == 1, lay
+
+
+def test_each_feature_of_a_drawn_layout_shrinks_away_on_its_own():
+    assert find(row_layouts(rows=4, length=3), lambda lay: True, settings=FIND) == plain(4, 3)
+    lay = find(row_layouts(rows=4, length=3),
+               lambda lay: {"offset", "transposed"} <= set(lay.kinds), settings=FIND)
+    assert lay.kinds == ("offset", "transposed") and lay.rank == 2 and lay.dim == -1, lay
+    lay = find(row_layouts(rows=4, length=3),
+               lambda lay: {"strided", "expanded"} <= set(lay.kinds), settings=FIND)
+    assert lay.kinds == ("strided", "expanded") and lay.dim == -1, lay
+
+
+def test_a_declared_kind_is_taken_with_the_other_declared_kinds_and_nothing_else():
+    declared = ("contiguous", "offset", "transposed")
+    layouts = row_layouts(rows=4, length=5, kinds=declared)
+    both = find(layouts, lambda lay: {"offset", "transposed"} <= set(lay.kinds), settings=FIND)
+    assert set(both.kinds) == {"offset", "transposed"}
+    only = layout_space(("contiguous",))
+    for kinds in C.BATTERY_LAYOUTS:
+        kind, rank, from_end, positive, detail = kinds
+        for space, allowed in ((layout_space(declared), set(declared)), (only, {"contiguous"})):
+            lay = build_layout(4, 9, rank=rank, from_end=from_end, positive=positive,
+                               kind=kind, detail=detail, space=space)
+            assert set(lay.kinds) <= allowed and (lay.rows, lay.length) == (4, 9), (kind, lay)
+
+
+@settings(max_examples=150)
+@given(st.integers(1, 9), st.integers(1, 6), st.data())
+def test_every_drawn_layout_is_within_what_is_declared(rows, length, data):
+    declared = data.draw(st.sampled_from([("contiguous",), ("contiguous", "offset"),
+                                          ("contiguous", "offset", "transposed"),
+                                          ("contiguous", "strided", "expanded")]))
+    dims = data.draw(st.sampled_from([None, (-1,), (-2, -3)]))
+    lay = data.draw(row_layouts(rows=rows, length=length, kinds=declared, dims=dims))
+    assert set(lay.kinds) <= set(declared), (declared, lay)
+    assert dims is None or lay.from_end in dims, (dims, lay)
+    assert (lay.rows, lay.length) == (rows, length)
+
+
 @settings(max_examples=60)
 @given(st.integers(1, 70), st.integers(1, 9), st.data())
 def test_every_layout_gives_the_rows_and_normalises_them(rows, length, data):
@@ -181,6 +255,21 @@ def test_shrinking_tries_simpler_layouts_only():
     assert any(c.rank == 2 and c.from_end == -2 for c in candidates)  # same axis, rank 2
 
 
+def test_shrinking_removes_each_feature_of_a_combination_on_its_own():
+    lay = build_layout(6, 4, rank=4, kind=("transposed", "strided", "expanded", "offset"),
+                       detail=5)
+    candidates = simpler_layouts(lay)
+    assert candidates[0] == plain(6, 4)
+    assert [set(c.kinds) for c in candidates] == sorted(
+        (set(c.kinds) for c in candidates), key=len)  # fewest kinds first
+    kinds = set(lay.kinds)
+    for feature in kinds:  # the layout itself less one feature, the others kept
+        assert any(c.rank == 4 and set(c.kinds) == kinds - {feature} for c in candidates), feature
+    # the whole combination at rank 2 (rank 2 before 4), the axis kept
+    assert any(c.rank <= 3 and set(c.kinds) == kinds for c in candidates)
+    assert all((c.rows, c.length) == (6, 4) for c in candidates)
+
+
 # --------------------------------------------------------------------------------------------
 # Planted defects of each class: caught, minimal, reproduced
 
@@ -191,7 +280,8 @@ def test_a_kernel_reading_storage_order_is_caught(capsys):
     assert len(ce["layout"]["sizes"]) == 2 and ce["shape"][0] * ce["shape"][1] <= 4, ce
     assert ce["layout"]["text"] in r["message"]  # the message names the layout
     code, out = repro_exit(capsys, ce["repro"])
-    assert code == 1 and "VIOLATED" in out
+    # wrong weights, or (reading past the storage of a stride-0 view) the kernel's own error
+    assert code == 1 and ("VIOLATED" in out if r["status"] == "violated" else "raised" in out)
     fixed = ce["repro"].replace("storage_order_softmax", "any_layout_softmax")
     assert repro_exit(capsys, fixed)[0] == 0
 
@@ -236,6 +326,62 @@ def test_a_different_code_path_past_some_row_length_is_caught(capsys):
     assert repro_exit(capsys, ce["repro"])[0] == 1
 
 
+def test_a_view_path_that_misreads_an_offset_is_caught_on_the_two_together(capsys):
+    r = failing("aligned_view_softmax", "layout_invariant")
+    ce = r["counterexample"]
+    lay = ce["layout"]
+    # an offset off the vector boundary, and something that makes a view: two features, rank 2
+    assert "offset" in lay["kinds"] and lay["storage_offset"] % 4, lay
+    assert set(lay["kinds"]) & {"transposed", "permuted", "strided", "expanded"}, lay
+    assert len(lay["kinds"]) == 2 and len(lay["sizes"]) == 2 and ce["shape"] == [1, 2], ce
+    assert lay["text"] in r["message"]
+    code, out = repro_exit(capsys, ce["repro"])
+    assert code == 1 and "VIOLATED" in out
+    fixed = ce["repro"].replace("aligned_view_softmax", "any_layout_softmax")
+    assert repro_exit(capsys, fixed)[0] == 0
+
+
+def test_a_tail_chunk_wrong_only_on_views_is_caught_with_many_rows_in_a_view(capsys):
+    ce = failing("view_tail_gather_softmax", "layout_invariant")["counterexample"]
+    assert ce["shape"] == [129, 2], ce["shape"]  # one chunk of 128 and a tail of one row
+    assert ce["layout"]["kinds"] != ["contiguous"] and len(ce["layout"]["sizes"]) == 2
+    assert repro_exit(capsys, ce["repro"])[0] == 1
+
+
+def test_a_path_past_some_number_of_entries_is_caught_at_the_joint_size(capsys):
+    ce = failing("threaded_split_softmax", "batch_independent")["counterexample"]
+    rows, length = ce["shape"]
+    # more than 2**16 entries in rows that 4 threads do not share evenly, and no more than
+    # that: one row or one key fewer and the kernel is right
+    assert rows * length > 2**16 and rows % 4, ce["shape"]
+    assert (rows - 1) * length <= 2**16 or (rows - 1) % 4 == 0
+    assert rows * (length - 1) <= 2**16, ce["shape"]
+    assert rows <= 4097 and length <= 4097
+    assert repro_exit(capsys, ce["repro"])[0] == 1
+
+
+def test_a_long_row_path_that_skips_masks_is_caught_on_long_masked_rows(capsys):
+    ce = failing("long_mask_tile_softmax", "mask_zero")["counterexample"]
+    assert ce["shape"] == [1, 2049], ce["shape"]  # one key past the two-tile switch
+    assert repro_exit(capsys, ce["repro"])[0] == 1
+
+
+def test_the_long_masked_rows_and_the_many_rows_come_in_views():
+    spec = target("any_layout_softmax")
+    for prop in ("mask_zero", "batch_independent", "layout_invariant", "simplex"):
+        cases = PROPERTIES[prop].explicit(spec, CTX)
+        long_masked = [c for c in cases if c.scores.shape[-1] > 2048
+                       and bool(torch.isneginf(c.scores).any())]
+        assert any(c.layout is not None and not c.layout.plain for c in long_masked), prop
+        many = [c for c in cases if c.scores.shape[0] > 64]
+        assert {c.scores.shape[0] for c in many} <= set(ROW_TAILS), prop
+        views = {k for c in many for k in c.layout.kinds} - {"contiguous"}
+        assert views == {"offset", "transposed", "permuted", "strided", "expanded"}, prop
+    joint = [(c.scores.shape[0], c.scores.shape[1]) for c in
+             PROPERTIES["batch_independent"].explicit(spec, CTX) if c.scores.numel() > 2**15]
+    assert {(4097, 513), (1025, 2049), (257, 4097), (33, 4097)} <= set(joint)
+
+
 def test_an_undeclared_restriction_fails_with_the_kernels_exception():
     r = run_property(PROPERTIES["shape"], target("contiguous_lastdim_kernel"), CTX)
     assert r.status == "error"
@@ -262,6 +408,19 @@ def test_a_kernel_with_declared_restrictions_is_certified_for_them():
     assert "certified for: contiguous, offset layouts only; the last axis only" in table
 
 
+def test_a_kernel_declaring_a_view_and_an_offset_is_certified_on_the_two_together():
+    spec = target("transposed_declared")
+    res = certify_target(spec, None, CTX)
+    assert res.verdict == "certified", [(r.property, r.message) for r in res.results
+                                        if r.status != "holds"]
+    cover = res.to_json()["coverage"]
+    assert cover["layouts"] == ["contiguous", "offset", "transposed"]
+    space = space_of(spec)
+    together = [i for i in range(len(C.BATTERY_LAYOUTS))
+                if set(C.battery_layout(spec, 4, 9, i).kinds) == {"offset", "transposed"}]
+    assert together and space.admits(C.battery_layout(spec, 4, 9, together[0]))
+
+
 def test_a_correct_kernel_is_certified_on_every_layout_and_the_coverage_says_so():
     res = certify_target(target("any_layout_softmax"), None, CTX)
     assert res.verdict == "certified"
@@ -270,7 +429,11 @@ def test_a_correct_kernel_is_certified_on_every_layout_and_the_coverage_says_so(
     assert cover["layouts"] == list(KINDS)
     assert cover["ranks"] == [1, 2, 3, 4] and set(cover["axes"]) == set(range(-4, 4))
     assert cover["row_count"][0] == 1 and cover["row_count"][1] >= 4096
-    assert cover["row_length"] == [1, 4096]
+    assert cover["row_length"] == [1, 4097]  # one key past the profile's longest block
+    assert cover["elements"][0] == 1 and cover["elements"][1] >= 4097 * 513
+    assert cover["large_cases"] >= 4 and [4097, 513] in cover["large_sizes"]
+    assert cover["large_sizes"][0] == [4097, 513]  # largest first
+    assert cover["properties"]["shape"]["elements"][1] < 2**21  # where a property differs
     assert cover["masked_keys"] > 0 and cover["declared"] is None
     assert cover["properties"]["gradient"]["dtypes"] == ["float64"]
     assert data["certified_for"] == "every layout; any axis; ranks 1–4"
@@ -279,3 +442,4 @@ def test_a_correct_kernel_is_certified_on_every_layout_and_the_coverage_says_so(
             assert r["coverage"]["cases"] == r["examples"], r["property"]
     table = terminal_table({"targets": [data]})
     assert "coverage: " in table and "layouts contiguous, offset, transposed" in table
+    assert "entries 1–" in table and "the largest [4097, 513]" in table

@@ -25,10 +25,12 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 def test_profiles_table_matches_code():
     for name, limits in PROFILES.items():
-        row = re.search(rf"^\| `{name}` \| (\d+) \| (\d+) \|", README, flags=re.M)
+        row = re.search(rf"^\| `{name}` \| (\d+) \| (\d+) \| (\d+) \(2\^(\d+)\) \|", README,
+                        flags=re.M)
         assert row, f"profile {name} missing from README"
         assert int(row.group(1)) == limits["max_examples"]
         assert int(row.group(2)) == limits["max_length"]
+        assert int(row.group(3)) == limits["max_elements"] == 2 ** int(row.group(4))
 
 
 def test_universal_properties_listed():

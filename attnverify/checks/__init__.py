@@ -47,6 +47,7 @@ def _rows(id, statement, check, *, universal=False, applies=None, battery=True, 
           verify=None, **case_options):
     long = case_options.pop("long", True)
     low = case_options.pop("low", False)
+    joint = case_options.pop("joint", None)
 
     def options(ctx):
         return {**case_options, "dtypes": ctx.low_dtypes} if low else case_options
@@ -55,7 +56,8 @@ def _rows(id, statement, check, *, universal=False, applies=None, battery=True, 
         return C.row_cases(spec, ctx, **options(ctx))
 
     def explicit(spec, ctx):
-        return C.row_battery(spec, ctx, long=long, **options(ctx)) if battery else []
+        return C.row_battery(spec, ctx, long=long, joint=joint, **options(ctx)) \
+            if battery else []
 
     return Property(id=id, statement=statement, cases=cases, check=check, explicit=explicit,
                     applies=applies or (lambda spec, ctx: None), universal=universal,
@@ -94,10 +96,10 @@ _ALL = [
           U.check_permutation_equivariant, universal=True),
     _rows("mask_zero", "a masked key gets weight exactly 0 and the others equal the row "
           "without it", U.check_mask_zero, universal=True, verify=U.verify_mask_zero,
-          kinds=tuple(k for k in C.S.ALL_KINDS if k != "fully_masked"), long=False),
+          kinds=tuple(k for k in C.S.ALL_KINDS if k != "fully_masked"), joint=C.JOINT_MASKED),
     _rows("batch_independent", "a row's weights do not depend on the other rows of the batch",
-          U.check_batch_independent, universal=True, long=False,
-          verify=U.verify_batch_independent),
+          U.check_batch_independent, universal=True, verify=U.verify_batch_independent,
+          joint="all"),
     _rows("layout_invariant", "the weights of rows given in any rank, axis and memory layout "
           "(views, slices, stride-0 axes, offsets) equal those of the same rows as one contiguous "
           "[rows, L] block with dim=-1", U.check_layout_invariant, universal=True, scale=0.5),

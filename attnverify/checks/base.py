@@ -63,6 +63,8 @@ class Context:
     profile: str = "ci"
     max_examples: int = 60
     max_length: int = 4096
+    #: The most entries of one case, rows × row length (:data:`attnverify.runconfig.PROFILES`).
+    max_elements: int = 2**21
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
     device: str = "cpu"
     seed: int = 0
@@ -104,7 +106,8 @@ class Context:
     def unit_position(self, dtype: torch.dtype) -> int:
         """Where ``dtype`` stands among the run's dtypes of its kind (full or half): the
         explicit cases of a unit continue where the unit before it stopped, and only the first
-        unit of a kind adds the cases that are not per dtype (a long row, many rows)."""
+        unit of a kind adds the cases that are not per dtype (long rows, many rows, many
+        entries)."""
         family = self.all_low_dtypes if dtype in LOW_PRECISION else self.all_full_dtypes
         return family.index(dtype) if self.unit_dtype is not None and dtype in family else 0
 

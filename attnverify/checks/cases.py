@@ -116,10 +116,15 @@ def _kinds(spec, kinds, allow_mask) -> tuple[str, ...]:
     return kinds
 
 
-#: Most entries (rows × row length) one generated case holds: many rows come with short rows.
-#: Below torch's parallel grain (32768 elements): an op on more starts OpenMP threads, which on
-#: a busy machine costs milliseconds per op.
+#: Most entries (rows × row length) a generated case holds, but for one many-row draw in
+#: :data:`LARGE_SHARE`: many rows come with short rows. Below torch's parallel grain (32768
+#: elements): an op on more starts OpenMP threads, which on a busy machine costs milliseconds per
+#: op.
 ELEMENTS = 1 << 14
+#: One many-row draw in this many may hold up to the profile's most entries
+#: (``ctx.max_elements``): rows × row length past 2**15, 2**16, 2**20, … as the explicit cases
+#: of :data:`BATTERY_JOINT` do, rarely enough that such cases stay a small part of a run.
+LARGE_SHARE = 32
 # Strategies built once: building one inside a draw costs more than the draw (Hypothesis
 # inspects it).
 _SCALES = S.scales()
@@ -129,30 +134,45 @@ _SEEDS = st.integers(0, 2**32 - 1)
 @lru_cache(maxsize=256)
 def _choices(values: tuple) -> st.SearchStrategy:
     return st.sampled_from(values)
+
+
 #: Most rows a generated case holds (a tail of :data:`attnverify.strategies.layouts.ROW_TAILS`).
 MANY_ROWS = 4097
+
+
+def longest_row(rows: int, elements: int) -> int:
+    """The longest row ``rows`` rows may have within ``elements`` entries, the rows and the
+    length each up to one past a block of that many (``[4097, 513]`` within ``2**21``)."""
+    return elements // (rows - 1) + 1 if rows > 1 else elements
 
 
 def row_cases(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None, max_length=None,
               min_batch=1, many=True):
     """Rows of the adversarial kinds in every layout ``spec`` takes: 1–4 rows, or (one case in
-    eight, ``many``) a row count just past a chunk boundary up to :data:`MANY_ROWS`; lengths
-    that cross powers of two; any rank, axis and memory layout."""
+    four, ``many``) a row count just past a chunk boundary up to :data:`MANY_ROWS`, with short
+    rows (:data:`ELEMENTS` entries) or, one such case in :data:`LARGE_SHARE`, rows up to
+    ``ctx.max_elements`` entries in all; lengths that cross powers of two; any rank, axis and
+    memory layout, features combined."""
     kinds = _kinds(spec, kinds, allow_mask)
     options = (kinds, tuple(dtypes or ctx.full_dtypes), max_length or ctx.max_length,
-               min_batch, MANY_ROWS if many else 4, space_of(spec), ctx.device)
+               min_batch, MANY_ROWS if many else 4, space_of(spec), ctx.device,
+               max(ELEMENTS, getattr(ctx, "max_elements", ELEMENTS)))
     return _row_cases(options, _temperature(spec, ctx))
 
 
 @st.composite
 def _row_cases(draw, options, temperature) -> RowCase:
-    kinds, dtypes, max_length, min_batch, many, space, device = options
+    kinds, dtypes, max_length, min_batch, many, space, device, large = options
     kind = draw(_choices(kinds))
     dtype = draw(_choices(dtypes))
     fewest = max(min_batch, 2 if kind == "mixed_scale" else 1)
-    rows = draw(LY.row_counts(min_rows=fewest, max_rows=max(fewest, 4), many=many))
+    few = max(fewest, 4)
+    rows = draw(LY.row_counts(min_rows=fewest, max_rows=few, many=many))
     lo, hi = _kind_bounds(kind, 1, max_length)
-    length = LY.block_length(draw, lo, max(lo, min(hi, ELEMENTS // rows)))
+    longest = ELEMENTS // rows
+    if rows > few and large > ELEMENTS and draw(LY.ints(0, LARGE_SHARE - 1)) == LARGE_SHARE - 1:
+        longest = longest_row(rows, large)
+    length = LY.block_length(draw, lo, max(lo, min(hi, longest)))
     scale = _draw_row_scale(draw, kind, _SCALES, dtype, None)
     seed = draw(_SEEDS)
     built = S.build_rows(kind, length=length, batch=rows, dtype=dtype, scale=scale, seed=seed,
@@ -162,27 +182,68 @@ def _row_cases(draw, options, temperature) -> RowCase:
 
 
 #: The layouts of the explicit cases, in turn: ``(kind, rank, axis from the end, positive
-#: spelling, detail)`` for :func:`attnverify.strategies.layouts.build_layout`.
+#: spelling, detail)`` for :func:`attnverify.strategies.layouts.build_layout`; a kind may be
+#: several together (a transposed view at an offset, a sliced view with an expanded axis).
 BATTERY_LAYOUTS = (
     ("contiguous", 2, -1, False, 0),
     ("transposed", 2, -1, False, 0),
     ("contiguous", 3, -2, True, 1),
-    ("permuted", 4, -1, False, 3),
+    (("permuted", "offset"), 4, -1, False, 3),
     ("strided", 2, -2, False, 0),
-    ("expanded", 4, -1, False, 1),
+    (("expanded", "transposed", "offset"), 4, -1, False, 1),
     ("offset", 1, -1, True, 2),
-    ("transposed", 4, -3, True, 1),
-    ("strided", 3, -1, False, 5),
+    (("transposed", "strided"), 4, -3, True, 1),
+    (("strided", "offset"), 3, -1, False, 5),
     ("contiguous", 4, -4, False, 0),
     # every axis of rank 4 in both spellings is given at least once (-1 … -4 above, 0 … 1 too)
-    ("permuted", 4, -2, True, 2),
-    ("contiguous", 4, -1, True, 4),
-    ("strided", 4, -3, False, 6),
+    (("permuted", "strided", "expanded"), 4, -2, True, 2),
+    ("expanded", 4, -1, True, 4),
+    (("transposed", "strided", "offset"), 4, -3, False, 6),
+    ("permuted", 4, -1, False, 3),
 )
 #: Rows of an explicit case (one row where its layout has rank 1).
 BATTERY_ROWS = 4
-#: Row counts of the explicit many-row cases: one past and one short of every chunk boundary.
-BATTERY_MANY_ROWS = (4097, 3071)
+
+
+class Explicit(NamedTuple):
+    """An explicit case of many rows or many entries: ``rows`` × ``length`` scores built from
+    ``seed`` (of the kind ``masked`` when ``masked`` and the property takes masked keys, else
+    ``gaussian``), given in the layout ``(kind, rank, axis from the end, positive spelling,
+    detail)`` of :func:`attnverify.strategies.layouts.build_layout`."""
+
+    rows: int
+    length: int
+    masked: bool
+    layout: tuple
+    seed: int
+
+
+#: The explicit many-row cases: one more or one fewer than a multiple of 64, 128 and 1024 rows
+#: (and than 4096), a few keys each (within :data:`ELEMENTS`), contiguous and in views.
+BATTERY_MANY = (
+    Explicit(4097, 3, False, (("transposed", "offset"), 3, -1, False, 0), 17),
+    Explicit(4095, 4, True, (("permuted", "strided"), 4, -1, False, 1), 18),
+    Explicit(3073, 5, False, (("expanded", "strided", "offset"), 4, -1, False, 2), 19),
+    Explicit(1025, 15, True, ("contiguous", 3, -1, False, 0), 20),
+)
+#: The explicit cases of many entries (rows × row length across the counts kernels switch
+#: paths at: 2**15, 2**16, 2**20, 2**21, row chunks of 32 or 64 at L > 512, L > 2048), largest
+#: first; a profile takes those within its most entries and one key past its longest row.
+BATTERY_JOINT = (
+    Explicit(4097, 513, False, ("contiguous", 2, -1, False, 0), 31),
+    Explicit(1025, 2049, False, (("transposed", "offset"), 4, -1, False, 1), 32),
+    Explicit(257, 4097, True, (("strided", "offset"), 3, -1, False, 0), 33),
+    Explicit(33, 4097, False, (("permuted", "expanded"), 4, -1, False, 3), 34),
+    Explicit(257, 257, True, ("transposed", 3, -1, False, 4), 35),
+    Explicit(129, 257, False, ("offset", 2, -1, False, 5), 36),
+)
+
+
+#: The cases of :data:`BATTERY_JOINT` with masked keys and at most 2**17 entries (``mask_zero``'s:
+#: a masked row of 4097 keys comes in the long rows of every battery, and ``batch_independent``
+#: judges the larger masked cases against their rows alone).
+JOINT_MASKED = tuple(i for i, e in enumerate(BATTERY_JOINT)
+                     if e.masked and e.rows * e.length <= 2**17)
 
 
 def battery_layout(spec, rows: int, length: int, index: int) -> Layout:
@@ -193,31 +254,67 @@ def battery_layout(spec, rows: int, length: int, index: int) -> Layout:
                            kind=kind, detail=detail, space=space_of(spec))
 
 
-@lru_cache(maxsize=16)
-def _many_rows(kind: str, length: int, rows: int, dtype, seed: int, device: str):
+@lru_cache(maxsize=64)
+def _explicit_rows(kind: str, length: int, rows: int, dtype, seed: int, device: str):
+    """The scores of an explicit case, built once per process (each case gets a copy)."""
     return S.build_rows(kind, length=length, batch=rows, dtype=dtype, seed=seed,
                         device=device).scores
 
 
-def many_rows_battery(spec, ctx: Context, *, kinds, dtype, temperature) -> list[RowCase]:
-    """The explicit many-row cases (built once per process, copied per case): 4097 and 3071
-    rows of a few keys, given as a contiguous rank-3 tensor."""
+def explicit_cases(spec, ctx: Context, entries, *, kinds, dtype,
+                   temperature) -> list[RowCase]:
+    """The cases of ``entries`` (:class:`Explicit`), each built once per process and copied per
+    case, in its layout within what ``spec`` takes."""
     out = []
-    for i, rows in enumerate(BATTERY_MANY_ROWS):
-        kind = "masked" if i and "masked" in kinds else "gaussian"
-        length = 7 if i == 0 else 5  # under torch's parallel grain (see ELEMENTS)
-        scores = _many_rows(kind, length, rows, dtype, 17 + i, str(ctx.device)).clone()
-        layout = LY.build_layout(rows, length, rank=3, kind="contiguous", detail=i,
+    for entry in entries:
+        kind = "masked" if entry.masked and "masked" in kinds else "gaussian"
+        scores = _explicit_rows(kind, entry.length, entry.rows, dtype, entry.seed,
+                                str(ctx.device)).clone()
+        layout_kind, rank, from_end, positive, detail = entry.layout
+        layout = LY.build_layout(entry.rows, entry.length, rank=rank, from_end=from_end,
+                                 positive=positive, kind=layout_kind, detail=detail,
                                  space=space_of(spec))
-        out.append(RowCase(scores, temperature, kind, 17 + i, layout))
+        out.append(RowCase(scores, temperature, kind, entry.seed, layout))
+    return out
+
+
+def joint_entries(ctx: Context, picks=None) -> tuple[Explicit, ...]:
+    """The :data:`BATTERY_JOINT` cases ``ctx`` takes (``picks``: only those indices): rows and
+    length each up to one past a block within ``ctx.max_elements`` entries, the length up to
+    one past ``ctx.max_length``."""
+    limit = getattr(ctx, "max_elements", ELEMENTS)
+    chosen = BATTERY_JOINT if picks is None else tuple(BATTERY_JOINT[i] for i in picks)
+    return tuple(e for e in chosen if e.length <= ctx.max_length + 1
+                 and e.length <= longest_row(e.rows, limit))
+
+
+#: The explicit long rows have ``min(max_length, LONG_ROW)`` keys, the masked ones one more.
+LONG_ROW = 4096
+
+
+def long_battery(spec, ctx: Context, *, kinds, dtype, temperature, min_batch) -> list[RowCase]:
+    """Two long rows (``min(max_length, LONG_ROW)`` keys) as one contiguous block, and, where
+    the property takes masked keys, three rows one key longer with keys masked, given as a
+    transposed view at an offset."""
+    length = min(ctx.max_length, LONG_ROW)
+    rows = S.build_rows("gaussian", length=length, batch=max(2, min_batch), dtype=dtype,
+                        seed=13, device=ctx.device)
+    out = [RowCase(rows.scores, temperature, "gaussian", 13, None)]
+    if "masked" in kinds:
+        masked = Explicit(max(3, min_batch), length + 1, True,
+                          (("transposed", "offset"), 3, -1, False, 7), 14)
+        out += explicit_cases(spec, ctx, (masked,), kinds=kinds, dtype=dtype,
+                              temperature=temperature)
     return out
 
 
 def row_battery(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None,
-                min_batch=1, long=True, many=True) -> list[RowCase]:
+                min_batch=1, long=True, many=True, joint=None) -> list[RowCase]:
     """One explicit case per adversarial kind and dtype (:data:`BATTERY_ROWS` rows, each in the
-    next layout of :data:`BATTERY_LAYOUTS`), a low-temperature one, a long row and (``many``)
-    the many-row cases."""
+    next layout of :data:`BATTERY_LAYOUTS`), a low-temperature one, the long rows
+    (:func:`long_battery`), the many-row cases (``many``, :data:`BATTERY_MANY`) and the cases
+    of many entries (``joint``: ``"all"`` or indices into :data:`BATTERY_JOINT`;
+    :func:`joint_entries`)."""
     kinds = _kinds(spec, kinds, allow_mask)
     dtypes = tuple(dtypes or ctx.full_dtypes)
     if not dtypes:
@@ -246,12 +343,15 @@ def row_battery(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None,
         out.append(RowCase(rows.scores, 1e-3, "gaussian", 11,
                            battery_layout(spec, 2, 12, len(out))))
     if long:
-        length = min(ctx.max_length, 4096)
-        rows = S.build_rows("gaussian", length=length, batch=max(2, min_batch), dtype=dtypes[0],
-                            seed=13, device=ctx.device)
-        out.append(RowCase(rows.scores, t, "gaussian", 13, None))
+        out += long_battery(spec, ctx, kinds=kinds, dtype=dtypes[0], temperature=t,
+                            min_batch=min_batch)
     if many:
-        out += many_rows_battery(spec, ctx, kinds=kinds, dtype=dtypes[0], temperature=t)
+        out += explicit_cases(spec, ctx, BATTERY_MANY, kinds=kinds, dtype=dtypes[0],
+                              temperature=t)
+    if joint is not None:
+        entries = joint_entries(ctx, None if joint == "all" else joint)
+        out += explicit_cases(spec, ctx, entries, kinds=kinds, dtype=dtypes[0],
+                              temperature=t)
     return out
 
 

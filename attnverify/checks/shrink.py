@@ -7,15 +7,17 @@ property each time and keeping a candidate only if it fails in the same way (a v
 violation, a raise stays a raise):
 
 1. simplest layout (:mod:`attnverify.strategies.layouts`): the contiguous ``[R, L]`` block with
-   ``dim=-1``, else the same kind of view at rank 2 (then 3), else one feature less at a time
-   (no storage offset, no slice step, no expanded axis, no view, the last axis, the negative
-   spelling of ``dim``); a candidate is tried only when it is simpler than the current layout;
+   ``dim=-1``, else each kind of the layout alone at rank 2 (then 3), else its kinds together
+   at rank 2 (then 3), else one feature less at a time (no storage offset, no slice step, no
+   expanded axis, no view, the last axis, the negative spelling of ``dim``), fewest kinds
+   first; a candidate is tried only when it is simpler than the current layout;
 2. fewest rows: keep only the first rows (1, 2, 3, 4, then either side of each power of two),
    so a failure that needs a chunk and its tail (65 of 3071 rows) gets there in a dozen checks;
    then drop blocks of rows, halving the block size (with any per-row field such as ``delta``),
    down to a sixteenth of the rows first, to single rows after the keys;
-3. fewest keys: drop blocks of keys likewise (masked keys are dropped only when the failure
-   survives, so a mask the failure needs is kept);
+3. fewest keys: keep the first keys of every row (the counts of the rows' ladder), every score
+   to 0 at once (below), then drop blocks of keys likewise (masked keys are dropped only when
+   the failure survives, so a mask the failure needs is kept);
 4. simplest values: every score to 0 at once (masked keys too, when the failure does not need
    them), else every finite one, else row by row, then each finite score to 0, else truncated
    to an integer, else to one significant digit (always towards 0, so a bound such as
@@ -47,8 +49,8 @@ from attnverify.checks.base import NoGraph, NormalizerError, Violation
 from attnverify.strategies.layouts import Layout, build_layout, plain
 
 MAX_CHECKS = 400
-#: Row counts :meth:`_Search.first_rows` tries, fewest first: a few, then either side of every
-#: power of two up to 4096 (chunk boundaries).
+#: Row counts :meth:`_Search.first_rows` tries (and key counts :meth:`_Search.first_keys`),
+#: fewest first: a few, then either side of every power of two up to 4096 (chunk boundaries).
 ROW_LADDER = tuple(sorted({1, 2, 3, 4} | {2**k + d for k in range(3, 13) for d in (-1, 0, 1)}))
 BUDGET_S = 30.0
 #: Case fields indexed by row (dropped with their row).
@@ -127,6 +129,7 @@ class _Search:
         before = self.checks
         rows = self.case.scores.shape[0]
         changed = self.simplify_layout() | self.drop_rows(fewest=max(1, rows // 16))
+        changed |= self.first_keys() | self.zero_all()
         changed |= self.drop_keys() | self.drop_rows() | self.simplify()
         return changed and self.checks > before and not self.exhausted()
 
@@ -154,6 +157,26 @@ class _Search:
             if self.attempt(_take_rows(self.case, list(range(n)))):
                 return True
         return False
+
+    def first_keys(self) -> bool:
+        """Keep only the first ``n`` keys of every row, for the smallest ``n`` of
+        :data:`ROW_LADDER` that still fails (a failure past some row length, or past some
+        number of entries, in a few dozen checks)."""
+        length = self.case.scores.shape[-1]
+        for n in ROW_LADDER:
+            if n >= length or self.exhausted():
+                return False
+            if self.attempt(_take_keys(self.case, list(range(n)))):
+                return True
+        return False
+
+    def zero_all(self) -> bool:
+        """Every score to 0 at once (masked keys too), else every finite one."""
+        scores = self.case.scores
+        masked = scores == float("-inf")
+        if bool(masked.any()) and self.attempt(self.case._replace(scores=torch.zeros_like(scores))):
+            return True
+        return self.zero(torch.ones_like(self.case.scores, dtype=torch.bool))
 
     def drop_rows(self, fewest: int = 1) -> bool:
         """Keep the first rows (:meth:`first_rows`), then drop blocks of rows, halving the block
@@ -190,17 +213,17 @@ class _Search:
     def simplify(self) -> bool:
         """Every score to 0 at once (masks included), else every finite one, else row by row
         (when there are several), then each score to a simpler value."""
-        scores = self.case.scores
-        masked = scores == float("-inf")
-        changed = bool(masked.any()) and self.attempt(
-            self.case._replace(scores=torch.zeros_like(scores)))
-        changed = changed or self.zero(torch.ones_like(self.case.scores, dtype=torch.bool))
+        changed = self.zero_all()
         if not changed and self.case.scores.shape[0] > 1:
             for r in range(self.case.scores.shape[0]):
+                if self.exhausted():
+                    break
                 rows = torch.zeros_like(self.case.scores, dtype=torch.bool)
                 rows[r] = True
                 changed |= self.zero(rows)
         for index in range(self.case.scores.numel()):
+            if self.exhausted():
+                break
             value = float(self.case.scores.flatten()[index])
             if not math.isfinite(value):
                 continue
@@ -276,20 +299,30 @@ def _complexity(layout: Layout) -> tuple:
 
 
 def simpler_layouts(layout: Layout) -> list[Layout]:
-    """Candidates simpler than ``layout`` (:func:`_complexity`), simplest first."""
+    """Candidates simpler than ``layout`` (:func:`_complexity`), simplest first. Made from the
+    plain block; each of its kinds alone, its kinds together and all but one of them, at rank
+    2 and 3; and the layout with one feature removed (each on its own: the offset, a slice
+    step, the expanded axes, the memory order, the axis, the positive spelling)."""
     rows, length = layout.rows, layout.length
     out = [plain(rows, length)]
-    for kind in layout.kinds:
+    kinds = [k for k in layout.kinds if k != "contiguous"]
+    groups = [(k,) for k in kinds]
+    if len(kinds) > 1:
+        groups += [tuple(kinds)] + [tuple(k for k in kinds if k != drop) for drop in kinds
+                                    if len(kinds) > 2]
+    for group in groups:
         for rank in (2, 3):
             for from_end in dict.fromkeys((-1, max(layout.from_end, -rank))):
                 for positive in dict.fromkeys((False, layout.dim >= 0)):
                     out.append(build_layout(rows, length, rank=rank, from_end=from_end,
-                                            positive=positive, kind=kind))
+                                            positive=positive, kind=group))
     rank = layout.rank
     if layout.offset:
         out += [layout._replace(offset=0), layout._replace(offset=1)]
     if max(layout.step) > 1:
         out.append(layout._replace(step=(1,) * rank))
+        out += [layout._replace(step=tuple(1 if b == a else s for b, s in enumerate(layout.step)))
+                for a in range(rank) if layout.step[a] > 1]
         out.append(layout._replace(step=tuple(min(s, 2) for s in layout.step)))
     if layout.expand:
         sizes = tuple(1 if a in layout.expand else s for a, s in enumerate(layout.sizes))
@@ -308,7 +341,7 @@ def simpler_layouts(layout: Layout) -> list[Layout]:
         if c.problem() is None and _complexity(c) < here and c not in seen:
             seen.add(c)
             simpler.append(c)
-    return simpler
+    return sorted(simpler, key=_complexity)
 
 
 def _axis_last(layout: Layout) -> Layout:

@@ -40,9 +40,13 @@ NEG_INF = float("-inf")
 #: at most this many, else the first, the last, those around chunk boundaries and a few more.
 ALONE_ROWS = 8
 #: Chunk sizes whose boundaries (and the rows either side) are among the rows computed alone.
-CHUNKS = (64, 128, 1024)
+CHUNKS = (32, 64, 128, 1024)
 #: Very different rows mixed into a batch (as many as the batch has, up to this many).
 MIXED_ROWS = 64
+#: A batch of more entries than this (rows × row length) is compared with its rows alone only:
+#: its reversed and mixed batches test how rows couple, which smaller batches test at a
+#: fraction of the cost, while its rows alone test a kernel whose path depends on its size.
+COUPLED_ENTRIES = 1 << 15
 
 
 def _out(spec, case, scores=None):
@@ -178,7 +182,8 @@ def check_mask_zero(spec, case, ctx) -> float:
 def verify_mask_zero(spec, case, ctx) -> float:
     """Every masked key of a row with a live key gets weight exactly 0, and the live keys get the
     weights of the row without the masked keys (rows with as many live keys go together, in the
-    case's layout)."""
+    case's layout; of a batch of more than :data:`COUPLED_ENTRIES` entries, the rows
+    :func:`alone_rows` picks)."""
     scores = case.scores
     masked = (scores == NEG_INF) & _live_rows(scores).unsqueeze(-1)
     out = _out(spec, case)
@@ -192,6 +197,10 @@ def verify_mask_zero(spec, case, ctx) -> float:
     keep = ~masked
     kept = keep.sum(-1)
     judged = keep.any(-1) & ~keep.all(-1)
+    if scores.numel() > COUPLED_ENTRIES:
+        picked = torch.zeros_like(judged)
+        picked[alone_rows(scores.shape[0], case.seed)] = True
+        judged &= picked
     groups = []
     for count in sorted(set(kept[judged].tolist())):
         rows = (judged & (kept == count)).nonzero().flatten()
@@ -218,8 +227,12 @@ def check_batch_independent(spec, case, ctx) -> float:
     """:func:`verify_batch_independent` on the case's batch, then on a batch that mixes its rows
     with as many very different ones (scale 1e3; at most :data:`MIXED_ROWS`) at seeded
     positions: each row's weights there equal its weights in its own batch. Every input of the
-    property goes to the worker in one request."""
+    property goes to the worker in one request. A batch of more than :data:`COUPLED_ENTRIES`
+    entries is compared with its rows alone only."""
     scores = case.scores
+    if scores.numel() > COUPLED_ENTRIES:
+        outs = _batch_outputs(spec, case, reverse=False)
+        return _batch_verdict(outs, scores, case.seed)
     count = scores.shape[0]
     total = count + min(count, MIXED_ROWS)
     g = torch.Generator().manual_seed(int(case.seed) + 3)
@@ -250,13 +263,14 @@ def verify_batch_independent(spec, case, ctx, rows=None, out=None) -> float:
                           case.seed)
 
 
-def _batch_outputs(spec, case, *, rows=None, out=None, extra=()) -> dict:
+def _batch_outputs(spec, case, *, rows=None, out=None, extra=(), reverse=True) -> dict:
     """The weights :func:`verify_batch_independent` compares (and ``extra`` inputs), from one
-    request: the batch, each row of ``rows`` alone, the batch in reverse row order."""
+    request: the batch, each row of ``rows`` alone, the batch in reverse row order (unless
+    ``reverse`` is false)."""
     scores = case.scores
     count = scores.shape[0]
     picked = list(alone_rows(count, case.seed) if rows is None else rows)
-    flip = count > 1 and rows is None
+    flip = count > 1 and rows is None and reverse
     inputs = ([] if out is not None else [scores]) + [scores[r : r + 1] for r in picked]
     inputs += ([scores.flip(0)] if flip else []) + list(extra)
     outs = case_weights_many(spec, case, inputs)

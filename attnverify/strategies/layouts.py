@@ -16,6 +16,10 @@ block of rows (the *case's* scores, always kept in that canonical form):
   ``sizes[a]`` copies holds the same rows);
 - ``offset``: the storage offset of the first element (a view into a larger buffer).
 
+These combine, as attention combines them: ``q @ k.transpose(-2, -1)`` on a slice of a buffer
+is a transposed, strided view at an offset; a fused QKV split is a strided view at an offset.
+A layout's kinds (:attr:`Layout.kinds`) are all those its sizes, strides and offset show.
+
 The rows are the entries along ``dim`` at every index of the other axes, in index order, the
 expanded axes at index 0: ``x.movedim(dim, -1)[..., 0 on expanded axes, ...].reshape(R, L)``.
 :func:`present` builds the tensor (a view into a buffer whose unused entries hold large finite
@@ -24,11 +28,13 @@ values, so that a kernel that reads memory in storage order reads them);
 ``torch.func.jvp`` / ``vjp``), so a derivative taken through :func:`present` is the derivative of
 the normaliser on that view.
 
-:func:`row_layouts` is the Hypothesis strategy (shrinking towards the simplest presentation: the
-contiguous ``[R, L]`` block with ``dim=-1``, then rank 2 before 3 and 4, the last axis before
-another, the negative spelling before the positive one), :func:`build_layout` its deterministic
-builder, :func:`row_counts` and :func:`block_lengths` the row counts and row lengths that cross
-block sizes.
+:func:`row_layouts` is the Hypothesis strategy (each feature drawn on its own, shrinking towards
+the simplest presentation: the contiguous ``[R, L]`` block with ``dim=-1``, each feature removed on
+its own, rank 2 before 3 and 4, the last axis before another, the negative spelling before the
+positive one), :func:`build_layout` its deterministic builder (one kind or several together),
+:func:`row_counts` and :func:`block_lengths` the row counts and row lengths that cross block
+sizes. A space of declared restrictions (:class:`LayoutSpace`) admits a layout when it declares
+every one of its kinds.
 """
 
 from __future__ import annotations
@@ -372,17 +378,43 @@ def _split(rows: int, parts: int, rng: random.Random) -> list[int]:
     return out + [rows]
 
 
+#: The memory orders a layout may have besides the identity (one at most: the other features,
+#: a slice, a stride-0 axis and an offset, combine with either and with each other).
+VIEWS = ("transposed", "permuted")
+
+
+def features_of(kind: str | Iterable[str]) -> frozenset[str]:
+    """The features a ``kind`` names: one of :data:`KINDS`, or several together (an iterable:
+    ``("transposed", "strided", "offset")`` is a transposed, strided view at an offset);
+    ``contiguous`` adds nothing. ``InvalidArgument`` for an unknown kind or for ``transposed``
+    with ``permuted`` (one memory order)."""
+    names = (kind,) if isinstance(kind, str) else tuple(kind)
+    bad = [k for k in names if k not in KINDS]
+    if bad:
+        raise InvalidArgument(f"kind={bad[0]!r} must be one of {KINDS}")
+    out = frozenset(names) - {"contiguous"}
+    if set(VIEWS) <= out:
+        raise InvalidArgument("kind: a layout is transposed or permuted, not both")
+    return out
+
+
 def build_layout(rows: int, length: int, *, rank: int = 2, from_end: int = -1,
-                 positive: bool = False, kind: str = "contiguous", detail: int = 0,
-                 space: LayoutSpace | None = None) -> Layout:
-    """A ``kind`` layout of ``rows`` rows of ``length`` keys at rank ``rank``, normalising the
-    axis ``from_end`` (``-1``: the last), spelled positive or negative; ``detail`` seeds the
-    free choices (how the rows split over the axes, which axes are permuted, sliced or
-    expanded, the step, the copies, the offset). Within ``space`` (declared restrictions):
-    what it rules out is left out. Deterministic."""
-    _check_build(rows, length, rank, from_end, kind)
+                 positive: bool = False, kind: str | Iterable[str] = "contiguous",
+                 detail: int = 0, space: LayoutSpace | None = None) -> Layout:
+    """A layout of ``rows`` rows of ``length`` keys at rank ``rank``, normalising the axis
+    ``from_end`` (``-1``: the last), spelled positive or negative, with the features ``kind``
+    names (:func:`features_of`: one kind, or several together). ``detail`` seeds the free
+    choices (how the rows split over the axes, which axes are permuted, sliced or expanded, the
+    steps, the copies, the offset). Within ``space`` (declared restrictions): what it rules out
+    is left out. Deterministic.
+
+    A feature shows where the sizes allow it: a view needs two axes of more than one entry, a
+    slice one; an expanded axis raises the rank where no free axis is left for it."""
+    features = features_of(kind)
+    _check_build(rows, length, rank, from_end)
     rng = random.Random(detail)
-    if kind == "expanded" and (rank < 2 or (rank == 2 and rows > 1)):
+    expanded = "expanded" in features
+    if expanded and (rank < 2 or (rank == 2 and rows > 1)):
         rank = min(4, rank + (2 if rank < 2 and rows > 1 else 1))
     if rows > 1 and rank == 1:
         rank = 2
@@ -390,7 +422,7 @@ def build_layout(rows: int, length: int, *, rank: int = 2, from_end: int = -1,
     axis = rank + from_end
     others = [a for a in range(rank) if a != axis]
     expand: tuple[int, ...] = ()
-    if kind == "expanded":
+    if expanded:
         choices = others if rows == 1 else others[:-1] or others
         expand = (rng.choice(choices),)
     row_axes = [a for a in others if a not in expand]
@@ -401,29 +433,42 @@ def build_layout(rows: int, length: int, *, rank: int = 2, from_end: int = -1,
     if row_axes:
         for a, s in zip(row_axes, _split(rows, len(row_axes), rng)):
             sizes[a] = s
-    order = list(range(rank))
     # axes that make a view (size > 1, not expanded); a permutation of the others changes nothing
-    live = [a for a in range(rank) if sizes[a] > 1 and a not in expand] or order
-    if kind in ("transposed", "permuted") and len(live) >= 2:
-        if kind == "transposed" or len(live) == 2:
-            i, j = rng.sample(live, 2)
-            order[i], order[j] = order[j], order[i]
-        else:
-            moved = list(live)
-            while moved == live or _one_swap(live, moved):
-                rng.shuffle(moved)
-            for a, b in zip(live, moved):
-                order[a] = b
+    live = [a for a in range(rank) if sizes[a] > 1 and a not in expand]
+    order = _memory_order(rank, live or list(range(rank)), features, rng)
     step = [1] * rank
-    if kind == "strided":
-        step[rng.choice([axis, *others])] = rng.choice(STEPS)
-    offset = rng.randint(1, MAX_OFFSET) if kind == "offset" else 0
+    if "strided" in features:
+        sliced = live or [a for a in [axis, *others] if a not in expand]
+        count = 2 if len(sliced) > 1 and rng.random() < 1 / 3 else 1
+        for a in rng.sample(sliced, count):
+            step[a] = rng.choice(STEPS)
+    offset = rng.randint(1, MAX_OFFSET) if "offset" in features else 0
     dim = axis if positive else axis - rank
     layout = Layout(tuple(sizes), dim, tuple(order), tuple(step), expand, offset)
     return layout if space is None else space.restrict(layout)
 
 
-def _check_build(rows, length, rank, from_end, kind) -> None:
+def _memory_order(rank: int, live: list[int], features: frozenset[str],
+                  rng: random.Random) -> list[int]:
+    """The memory order of the axes: the identity, two ``live`` axes swapped (``transposed``)
+    or the ``live`` axes in another order (``permuted``; a swap where only two are live)."""
+    order = list(range(rank))
+    view = next((k for k in VIEWS if k in features), None)
+    if view is None or len(live) < 2:
+        return order
+    if view == "transposed" or len(live) == 2:
+        i, j = rng.sample(live, 2)
+        order[i], order[j] = order[j], order[i]
+        return order
+    moved = list(live)
+    while moved == live or _one_swap(live, moved):
+        rng.shuffle(moved)
+    for a, b in zip(live, moved):
+        order[a] = b
+    return order
+
+
+def _check_build(rows, length, rank, from_end) -> None:
     for name, value in (("rows", rows), ("length", length)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidArgument(f"{name}={value!r} must be an integer ≥ 1")
@@ -431,8 +476,6 @@ def _check_build(rows, length, rank, from_end, kind) -> None:
         raise InvalidArgument(f"rank={rank!r} must be one of {RANKS}")
     if from_end not in AXES:
         raise InvalidArgument(f"from_end={from_end!r} must be one of {AXES}")
-    if kind not in KINDS:
-        raise InvalidArgument(f"kind={kind!r} must be one of {KINDS}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -451,12 +494,15 @@ class LayoutSpace(NamedTuple):
         return self.kinds is not None or self.axes is not None
 
     def admits(self, layout: Layout) -> bool:
+        """Every kind of ``layout`` is declared (a combination of declared kinds included),
+        and so is its axis."""
         kinds_ok = self.kinds is None or set(layout.kinds) <= set(self.kinds)
         return kinds_ok and (self.axes is None or layout.from_end in self.axes)
 
     def restrict(self, layout: Layout) -> Layout:
         """``layout`` without what this space rules out: the axis moved to an allowed one, then
-        a view, a slice, an expanded axis, an offset dropped."""
+        each feature it does not declare dropped (a view, a slice, an expanded axis, an
+        offset), the declared ones kept."""
         if self.admits(layout):
             return layout
         if self.axes is not None and layout.from_end not in self.axes:
@@ -495,15 +541,24 @@ class LayoutSpace(NamedTuple):
 
 
 def _move_axis(layout: Layout, axes: Sequence[int]) -> Layout:
-    """The rows normalised along an allowed axis (the one nearest the end that fits)."""
-    fitting = sorted((a for a in axes if -a <= layout.rank), reverse=True)
-    rank = layout.rank if fitting else max(-a for a in axes)
-    target = (fitting[0] if fitting else max(axes)) + rank
-    others = [s for a, s in enumerate(layout.sizes) if a != layout.axis]
-    others += [1] * (rank - 1 - len(others))
-    sizes = others[:target] + [layout.length] + others[target:]
-    dim = target if layout.dim >= 0 else target - rank
-    return Layout(tuple(sizes), dim, tuple(range(rank)), (1,) * rank, (), layout.offset)
+    """The rows normalised along an allowed axis (the one nearest the end that fits, leading
+    axes of size 1 added where none fits), the other axes in their order with their memory
+    order, steps, expansion and offset."""
+    if not any(-a <= layout.rank for a in axes):
+        extra = max(-a for a in axes) - layout.rank
+        layout = Layout((1,) * extra + layout.sizes,
+                        layout.dim + extra if layout.dim >= 0 else layout.dim,
+                        tuple(range(extra)) + tuple(a + extra for a in layout.order),
+                        (1,) * extra + layout.step, tuple(a + extra for a in layout.expand),
+                        layout.offset)
+    rank, axis = layout.rank, layout.axis
+    target = max(a for a in axes if -a <= rank) + rank
+    others = [a for a in range(rank) if a != axis]
+    p = others[:target] + [axis] + others[target:]  # new axis i is old axis p[i]
+    return Layout(tuple(layout.sizes[a] for a in p),
+                  target if layout.dim >= 0 else target - rank,
+                  tuple(p.index(a) for a in layout.order), tuple(layout.step[a] for a in p),
+                  tuple(sorted(p.index(a) for a in layout.expand)), layout.offset)
 
 
 def layout_space(kinds: Iterable[str] | None = None, axes: Iterable[int] | None = None
@@ -537,26 +592,28 @@ ANY = LayoutSpace()
 
 
 @lru_cache(maxsize=64)
-def recipes(space: LayoutSpace = ANY) -> tuple[tuple[str, int, int, bool], ...]:
-    """``(kind, rank, from_end, positive)`` choices of ``space``, simplest first: contiguous
-    before a view, rank 2 before 1, 3 and 4, the last axis before another, the negative
-    spelling before the positive one."""
-    kinds = KINDS if space.kinds is None else tuple(k for k in KINDS if k in space.kinds)
+def shapes(space: LayoutSpace = ANY) -> tuple[tuple[int, int, bool], ...]:
+    """``(rank, from_end, positive)`` choices of ``space``, simplest first: rank 2 before 1, 3
+    and 4, the last axis before another, the negative spelling before the positive one."""
     axes = AXES if space.axes is None else tuple(a for a in AXES if a in space.axes)
-    out = []
-    for kind in kinds:
-        for rank in (2, 1, 3, 4):
-            for from_end in axes:
-                if -from_end > rank:
-                    continue
-                for positive in (False, True):
-                    out.append((kind, rank, from_end, positive))
-    return tuple(out)
+    return tuple((rank, from_end, positive) for rank in (2, 1, 3, 4) for from_end in axes
+                 if -from_end <= rank for positive in (False, True))
 
 
 @lru_cache(maxsize=64)
-def _recipe_choices(space: LayoutSpace) -> SearchStrategy:
-    return st.sampled_from(recipes(space))
+def _shape_choices(space: LayoutSpace) -> SearchStrategy:
+    return st.sampled_from(shapes(space))
+
+
+@lru_cache(maxsize=64)
+def _view_choices(space: LayoutSpace) -> SearchStrategy | None:
+    views = tuple(k for k in VIEWS if space.kinds is None or k in space.kinds)
+    return st.sampled_from((None, *views)) if views else None
+
+
+_BOOLEANS = st.booleans()
+#: One layout draw in this many is contiguous outright (no feature drawn).
+CONTIGUOUS_SHARE = 4
 
 
 @lru_cache(maxsize=4096)
@@ -566,20 +623,39 @@ def ints(lo: int, hi: int) -> SearchStrategy[int]:
     return st.integers(lo, hi)
 
 
+def draw_features(draw: Callable, space: LayoutSpace = ANY) -> tuple[str, ...]:
+    """The features of a layout inside ``space``, each drawn on its own: contiguous outright
+    one draw in :data:`CONTIGUOUS_SHARE`, else a memory order (none, ``transposed`` or
+    ``permuted``), then ``strided``, ``offset`` and ``expanded``, each yes or no. Each shrinks
+    away on its own (none first, then no)."""
+    if not draw(ints(0, CONTIGUOUS_SHARE - 1)):
+        return ()
+    allowed = KINDS if space.kinds is None else space.kinds
+    views = _view_choices(space)
+    view = draw(views) if views is not None else None
+    out = [view] if view else []
+    out += [k for k in ("strided", "offset", "expanded") if k in allowed and draw(_BOOLEANS)]
+    return tuple(out)
+
+
 def draw_layout(draw: Callable, rows: int, length: int, space: LayoutSpace = ANY) -> Layout:
-    """A layout of ``rows`` rows of ``length`` keys inside ``space`` (two draws)."""
-    kind, rank, from_end, positive = draw(_recipe_choices(space))
+    """A layout of ``rows`` rows of ``length`` keys inside ``space``: a rank, an axis and its
+    spelling (:func:`shapes`), the features (:func:`draw_features`, any of them together) and
+    the free choices (``detail``)."""
+    rank, from_end, positive = draw(_shape_choices(space))
+    features = draw_features(draw, space)
     detail = draw(ints(0, 255))
     return build_layout(rows, length, rank=rank, from_end=from_end, positive=positive,
-                        kind=kind, detail=detail, space=space)
+                        kind=features, detail=detail, space=space)
 
 
 def row_layouts(*, rows: int | SearchStrategy[int] = 1, length: int | SearchStrategy[int] = 8,
             kinds: Sequence[str] | None = None, dims: Sequence[int] | None = None
             ) -> SearchStrategy[Layout]:
     """Layouts of ``rows`` rows of ``length`` keys: ranks 1–4, any axis (``dims``: only those,
-    counted from the end), any of :data:`KINDS` (``kinds``: only those). Shrinks towards the
-    contiguous ``[rows, length]`` block with ``dim=-1``."""
+    counted from the end), any of :data:`KINDS` and several together (``kinds``: only layouts
+    whose every kind is among those). Shrinks towards the contiguous ``[rows, length]`` block
+    with ``dim=-1``, each feature on its own."""
     try:
         space = layout_space(kinds, dims)
     except ValueError as exc:
@@ -600,8 +676,13 @@ ROW_TAILS = tuple(sorted({n + d for n in [2**k for k in range(2, 6)] + list(rang
                           for d in (-1, 1)}))
 
 
+#: One row count in this many is a tail of :data:`ROW_TAILS` (:func:`row_counts`).
+MANY_SHARE = 4
+
+
 @lru_cache(maxsize=64)
-def row_counts(*, min_rows: int = 1, max_rows: int = 4, many: int = 4097, share: int = 16):
+def row_counts(*, min_rows: int = 1, max_rows: int = 4, many: int = 4097,
+               share: int = MANY_SHARE):
     """Row counts: mostly ``min_rows … max_rows``; one draw in ``share`` a tail of
     :data:`ROW_TAILS` up to ``many`` (shrinking towards the few)."""
     tails = tuple(n for n in ROW_TAILS if max_rows < n <= many)
