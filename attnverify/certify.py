@@ -310,6 +310,11 @@ class _State:
 
 def _size(case: Any) -> int:
     scores = getattr(case, "scores", None)
+    if not isinstance(scores, torch.Tensor):  # an attention case: the queries' scores
+        scores = getattr(case, "q", None)
+        keys = getattr(case, "k", None)
+        if isinstance(scores, torch.Tensor) and isinstance(keys, torch.Tensor):
+            return int(scores[..., 0].numel()) * int(keys.shape[-2])
     return int(scores.numel()) if isinstance(scores, torch.Tensor) else 0
 
 
@@ -555,7 +560,8 @@ def _exact_and_minimal(prop: Property, spec, ctx, case, exc):
         finally:
             heartbeat.example_finished()
 
-    small, small_exc = shrink(recheck, case, exc, vary_temperature=ctx.temperature is None)
+    small, small_exc = (prop.shrink or shrink)(recheck, case, exc,
+                                               vary_temperature=ctx.temperature is None)
     if small_exc is not exc:
         return small, small_exc, True
     if stopped:

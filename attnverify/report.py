@@ -170,6 +170,10 @@ def coverage_lines(target: dict[str, Any], *, per_property: bool = False) -> lis
         said = "certified for" if target.get("verdict") == "certified" else "checked for"
         out.append(f"{said}: {target['certified_for']}")
     out.append(f"coverage: {describe(block)}")
+    if block.get("attention"):
+        from attnverify.attention.coverage import describe as describe_attention
+
+        out.append(f"attention coverage: {describe_attention(block['attention'])}")
     if per_property:
         for prop, diff in (block.get("properties") or {}).items():
             out.append(f"  {prop}: {describe_difference(diff)}")
