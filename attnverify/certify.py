@@ -147,6 +147,9 @@ class TargetResult:
     sandbox: list[str] = field(default_factory=list)
     #: What the worker reported of its runtime (``softmax_kernel``); not written per target.
     runtime: dict[str, Any] = field(default_factory=dict)
+    #: An attention target's record (:func:`attnverify.attention.run.kernel_record`): the
+    #: normalizer and score modification it declares, the reference and who named it.
+    attention: dict[str, Any] | None = None
     #: A partial certificate's record of the side effects its worker saw (:func:`side_effects`):
     #: ``merge`` fails ``no_side_effects`` on them wherever that property's units ran.
     side_effects: list[dict[str, Any]] = field(default_factory=list)
@@ -177,6 +180,7 @@ class TargetResult:
             "params": {k: jsonable(v) for k, v in self.params.items()},
             "reference": self.reference,
             "reference_owner": self.reference_owner,
+            **({"attention": dict(self.attention)} if self.attention is not None else {}),
             "worker_pids": list(self.worker_pids),
             "sandbox": " | ".join(self.sandbox) if self.sandbox else None,
             "verdict": self.verdict,
