@@ -207,11 +207,13 @@ def flex(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
     q_chunk = kv_chunk * bucket
     for c in range(n_kv // kv_chunk):
         qs, ks = slice(c * q_chunk, (c + 1) * q_chunk), slice(c * kv_chunk, (c + 1) * kv_chunk)
-        args = (qf[:, qs].contiguous(), kf[:, ks].contiguous(), vf[:, ks].contiguous(),
-                bias[:, qs].contiguous())
+        # fresh tensors, never views: torch guards on a view's base (a recompile each time a
+        # chunk is, or is not, a view)
+        args = [t.clone(memory_format=torch.contiguous_format)
+                for t in (qf[:, qs], kf[:, ks], vf[:, ks], bias[:, qs])]
         _mark_dynamic(*args)
         # the scale multiplied q above: a Python float argument would be compiled in
-        outs.append(compiled()(*args, slopes[qs].contiguous(), 1.0, mod or "", int(window),
+        outs.append(compiled()(*args, slopes[qs].clone(), 1.0, mod or "", int(window),
                                float(cap), group > 1))
     out = torch.cat(outs, dim=1)
     if bucket != group:  # drop each group's padded query heads
