@@ -4,7 +4,7 @@
 The recipe is a plain dict of ints, floats and strings; :func:`build` turns it into an
 :class:`AttnCase` deterministically, so that a counterexample is reproduced from its recipe alone
 (``python -m attnverify.attention.repro``). A recipe without one of the later fields (an older
-certificate's) builds as it always did.
+certificate's) builds as it always did, but for a band or window past the last key.
 
 **Shapes.** ``b`` batch elements (1–4), ``h`` query heads (1 to 64: the head counts of real
 models and their neighbours), ``h_kv`` key/value heads (any divisor of ``h``: GQA groups up to
@@ -17,7 +17,9 @@ models and their neighbours), ``h_kv`` key/value heads (any divisor of ``h``: GQ
 ``duplicates`` (repeated keys: exact ties); ``mixed_norms`` (key norms over four decades).
 
 **Masks** (``mask``, the pattern): ``none``, ``bool`` (random, every query keeps a key),
-``band`` (symmetric window), ``window`` (causal sliding window), ``columns`` (keys masked for
+``band`` (symmetric window), ``window`` (causal sliding window; for both, a query past the last
+key's window keeps the last key, so that only ``dead`` leaves a query without a key),
+``columns`` (keys masked for
 every query), ``padding`` (valid prefix of the keys per batch element), ``padded_causal``
 (per-batch padding combined with a causal triangle: a decoder's mask; left padding when the
 recipe asks for fully masked rows, whose padded queries then see no key), ``causal``
@@ -193,6 +195,9 @@ def _pattern(pattern: str, dims, dead: bool, r: dict, g: torch.Generator) -> tor
     """Boolean ``dims``: the keys each query may attend (a key for every query unless
     ``dead``: then some rows, at the mask's own shape, see none)."""
     allowed = _allowed(pattern, dims, dead, r, g)
+    if pattern in ("band", "window"):  # a query past the last key + w keeps the last key
+        last = torch.arange(dims[-1]) == dims[-1] - 1
+        allowed = allowed | (~allowed.any(-1, keepdim=True) & last)
     if dead and pattern != "padded_causal":  # that one has its padded queries
         rows = torch.rand(*dims[:-1], 1, generator=g) < 0.4
         rows.view(-1)[0] = True

@@ -8,6 +8,8 @@ target where it applies; a property that does not apply says why (``not_applicab
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from attnverify.attention import cases as AC
@@ -133,7 +135,24 @@ def _prop(id, statement, check, *, masks=ALL_MASKS, dtypes=full_dtypes, applies=
 
     return Property(id=id, statement=statement, cases=cases, check=check, explicit=explicit,
                     applies=applicable, universal=universal, examples_scale=scale,
-                    dtypes=dtypes_of, shrink=shrink_case)
+                    dtypes=dtypes_of, shrink=functools.partial(
+                        shrink_case, domain=mask_domain(masks, recipe_options.get(
+                            "mask_types", AC.MASK_TYPES))))
+
+
+def mask_domain(masks, mask_types):
+    """``recipe -> bool``: its mask is one of the patterns ``masks`` name (an older kind counts as
+    its pattern) and, for a tensor, of one of ``mask_types``."""
+    names = {AC.LEGACY.get(m, (m,))[0] for m in masks}
+
+    def inside(r: dict) -> bool:
+        kind = r.get("mask", "none")
+        if kind in ("none", "causal"):
+            return kind in names
+        pattern, mask_type, *_ = AC.mask_form(r)
+        return pattern in names and mask_type in mask_types
+
+    return inside
 
 
 def _needs_gqa(a, ctx):

@@ -11,14 +11,16 @@ a violation, a raise stays a raise):
    every power of two and of every multiple of 64), so that a defect needing a size past a
    threshold is reported at the threshold (``h = 17`` for a kernel wrong past 16 heads):
    ``b``; the heads (GQA dropped when the failure survives it, else the key/value heads with the
-   group kept, then the group); ``L_q``; ``L_k``; ``d``; ``d_v`` (equal to ``d`` first);
+   group kept, then the group); ``L_q`` and ``L_k`` together while equal, then each; ``d``;
+   ``d_v`` (equal to ``d`` first);
 2. structure: the contiguous ``bhld`` layout, no mask, a plain (not expanded or sliced) mask of
    the boolean type, no fully masked rows, Gaussian queries and keys of magnitude 1, the default
    scale, the window.
 
 The passes repeat while one makes progress, within :data:`MAX_CHECKS` re-checks and
 :data:`BUDGET_S` seconds. A candidate stays in the property's domain: it never gives a query no
-key when the failing case had no such query.
+key when the failing case had no such query, and keeps to the mask kinds and types the property
+draws (an additive-mask counterexample stays additive).
 """
 
 from __future__ import annotations
@@ -59,12 +61,17 @@ def below(n: int, lo: int = 1) -> list[int]:
     return sorted({v for v in LADDER if lo <= v < n} | ({n - 1} if n - 1 >= lo else set()))
 
 
-def shrink_case(recheck: Callable[[Any], Any], case: Any, exc: BaseException,
+def shrink_case(recheck: Callable[[Any], Any], case: Any, exc: BaseException, *,
+                domain: Callable[[dict], bool] | None = None,
                 **_ignored) -> tuple[Any, BaseException]:
-    """The smallest case found that fails ``recheck`` like ``exc``, and its exception."""
+    """The smallest case found that fails ``recheck`` like ``exc``, and its exception.
+    ``domain(recipe)``: the recipes the property checks (a mask kind and type it draws); a
+    candidate outside it is not tried when the failing case was inside."""
     if _kind(exc) is None or not isinstance(getattr(case, "recipe", None), dict):
         return case, exc
     search = _Search(recheck, case, exc)
+    if domain is not None and domain(search.recipe):
+        search.domain = domain
     while search.progress():
         pass
     return search.case, search.exc
@@ -78,6 +85,7 @@ class _Search:
         if explicit != case.recipe:  # the same tensors, every mask field spelled out
             self.case = AC.build(explicit)
         self.may_kill_rows = has_dead_rows(case)
+        self.domain: Callable[[dict], bool] | None = None
         self.checks, self.deadline = 0, time.perf_counter() + BUDGET_S
 
     @property
@@ -92,7 +100,7 @@ class _Search:
         r = {**self.recipe, **change}
         if r.get("mask") in ("none", "causal"):  # no tensor: its fields say nothing
             r = {k: v for k, v in r.items() if k not in MASK_FIELDS}
-        if r == self.recipe or self.exhausted():
+        if r == self.recipe or self.exhausted() or (self.domain and not self.domain(r)):
             return False
         try:
             candidate = AC.build(r)
@@ -134,6 +142,14 @@ class _Search:
                 return True
         return False
 
+    def lengths(self) -> bool:
+        """``L_q`` and ``L_k`` together while they are equal (a square mask, a fused QKV
+        buffer or a causal triangle may need them so), then each alone."""
+        moved = False
+        if self.recipe["l_q"] == self.recipe["l_k"]:
+            moved = self.down("l_q", l_k=lambda v: v)
+        return self.down("l_q") | self.down("l_k") | moved
+
     def dims(self) -> bool:
         moved = False
         for name in ("d", "d_v"):
@@ -150,8 +166,7 @@ class _Search:
 
     def progress(self) -> bool:
         moved = False
-        for step in (lambda: self.down("b"), self.heads, lambda: self.down("l_q"),
-                     lambda: self.down("l_k"), self.dims):
+        for step in (lambda: self.down("b"), self.heads, self.lengths, self.dims):
             if self.exhausted():
                 return False
             moved = step() or moved
