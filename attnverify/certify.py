@@ -153,6 +153,9 @@ class TargetResult:
     sandbox: list[str] = field(default_factory=list)
     #: What the worker reported of its runtime (``softmax_kernel``); not written per target.
     runtime: dict[str, Any] = field(default_factory=dict)
+    #: An attention target's record (:func:`attnverify.attention.run.kernel_record`): the
+    #: normalizer and score modification it declares, the reference and who named it.
+    attention: dict[str, Any] | None = None
     #: A partial certificate's record of the side effects its worker saw (:func:`side_effects`):
     #: ``merge`` fails ``no_side_effects`` on them wherever that property's units ran.
     side_effects: list[dict[str, Any]] = field(default_factory=list)
@@ -183,6 +186,7 @@ class TargetResult:
             "params": {k: jsonable(v) for k, v in self.params.items()},
             "reference": self.reference,
             "reference_owner": self.reference_owner,
+            **({"attention": dict(self.attention)} if self.attention is not None else {}),
             "worker_pids": list(self.worker_pids),
             "sandbox": " | ".join(self.sandbox) if self.sandbox else None,
             "verdict": self.verdict,
@@ -324,6 +328,11 @@ CLIMB_ENTRIES = 1 << 15
 
 def _size(case: Any) -> int:
     scores = getattr(case, "scores", None)
+    if not isinstance(scores, torch.Tensor):  # an attention case: the queries' scores
+        scores = getattr(case, "q", None)
+        keys = getattr(case, "k", None)
+        if isinstance(scores, torch.Tensor) and isinstance(keys, torch.Tensor):
+            return int(scores[..., 0].numel()) * int(keys.shape[-2])
     return int(scores.numel()) if isinstance(scores, torch.Tensor) else 0
 
 
@@ -592,7 +601,8 @@ def _exact_and_minimal(prop: Property, spec, ctx, case, exc):
         finally:
             heartbeat.example_finished()
 
-    small, small_exc = shrink(recheck, case, exc, vary_temperature=ctx.temperature is None)
+    small, small_exc = (prop.shrink or shrink)(recheck, case, exc,
+                                               vary_temperature=ctx.temperature is None)
     if small_exc is not exc:
         return small, small_exc, True
     if stopped:

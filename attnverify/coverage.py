@@ -56,6 +56,7 @@ class Coverage:
         self.masked = 0
         self.fully = 0
         self.temperatures: list[float] = []
+        self.attention = None  # attnverify.attention.coverage.AttentionCoverage
 
     def add(self, case: Any) -> None:
         """Count one case (never raises: coverage is a report, not a check)."""
@@ -94,19 +95,24 @@ class Coverage:
         self.fully += int(bool(dead.any())) if length else 0
 
     def _attention(self, case) -> None:
+        from attnverify.attention.cases import has_dead_rows
+        from attnverify.attention.coverage import AttentionCoverage
+
         q, k = case.q, case.k
         self.dtypes.add(str(q.dtype).removeprefix("torch."))
         self.ranks.add(q.dim())
         self.axes.add(-1)
-        views = [t for t in (q, k, case.v) if not t.is_contiguous()]
-        self.layouts.add("transposed" if views else "contiguous")
+        for t in (q, k, case.v):
+            self.layouts.update(_tensor_layouts(t))
         mask = getattr(case, "attn_mask", None)
         if mask is not None and 0 in mask.stride():
             self.layouts.add("expanded")
         self._size(int(math.prod(q.shape[:-1])), int(k.shape[-2]))
-        recipe = getattr(case, "recipe", {}) or {}
         self.masked += int(mask is not None or bool(getattr(case, "is_causal", False)))
-        self.fully += int(recipe.get("mask") == "fully_masked")
+        self.fully += int(has_dead_rows(case))
+        if self.attention is None:
+            self.attention = AttentionCoverage()
+        self.attention.add(case)
 
     def _size(self, rows: int, length: int) -> None:
         self.lengths.append(length)
@@ -137,7 +143,24 @@ class Coverage:
             "fully_masked_rows": self.fully,
             "temperature": _span(self.temperatures),
             "declared": declared,
+            **({"attention": self.attention.to_json()} if self.attention is not None else {}),
         }
+
+
+def _tensor_layouts(t) -> set[str]:
+    """The layout kinds of an attention input: ``offset`` (a non-zero storage offset),
+    ``transposed`` (a permutation of a dense block), ``strided`` (gaps: a slice of a longer
+    buffer), else ``contiguous``."""
+    out = {"offset"} if t.storage_offset() else set()
+    if t.is_contiguous():
+        return out or {"contiguous"}
+    order = sorted(range(t.dim()), key=lambda i: -t.stride(i))
+    step, dense = 1, True
+    for i in reversed(order):
+        if t.shape[i] > 1 and t.stride(i) != step:
+            dense = False
+        step *= t.shape[i]
+    return out | {"transposed" if dense else "strided"}
 
 
 def _span(values: list) -> list | None:
@@ -187,7 +210,18 @@ def merge(blocks: list[dict]) -> dict[str, Any] | None:
         "fully_masked_rows": sum(b.get("fully_masked_rows", 0) for b in blocks),
         "temperature": widest("temperature"),
         "declared": declared,
+        **_attention_union(blocks),
     }
+
+
+def _attention_union(blocks: list[dict]) -> dict[str, Any]:
+    """``{"attention": the union}`` when a block has attention cases, else ``{}``."""
+    parts = [b["attention"] for b in blocks if b.get("attention")]
+    if not parts:
+        return {}
+    from attnverify.attention.coverage import merge as merge_attention
+
+    return {"attention": merge_attention(parts)}
 
 
 #: Fields compared per property in :func:`target_block` (counts of cases always differ).

@@ -21,7 +21,7 @@ from attnverify.errors import UsageError
 SAME = ("schema_version", "attnverify_version", "torch_version", "device", "profile", "seed",
         "dtypes", "max_examples", "timeout_s", "isolation_mode")
 #: Per-target keys every part shares.
-SAME_TARGET = ("claims", "params", "reference", "reference_owner")
+SAME_TARGET = ("claims", "params", "reference", "reference_owner", "attention")
 
 
 def load_part(path: str) -> dict[str, Any]:
@@ -117,7 +117,8 @@ def merge_parts(parts: list[tuple[str, dict]]) -> dict[str, Any]:
         target = TargetResult(target=name, claims=list(head.get("claims") or []),
                               params=dict(head.get("params") or {}),
                               reference=head.get("reference"),
-                              reference_owner=head.get("reference_owner"))
+                              reference_owner=head.get("reference_owner"),
+                              attention=head.get("attention"))
         for version in versions:
             target.worker_pids += [p for p in version.get("worker_pids") or []
                                    if p not in target.worker_pids]

@@ -1067,37 +1067,41 @@ def _reference(channel: Channel, d):
 
 def open_attention(target: str, params: dict | None, ctx):
     """The attention kernel ``target`` loaded in a worker of its own, as an
-    :class:`~attnverify.attention.spec.AttentionSpec` whose function is a proxy."""
+    :class:`~attnverify.attention.spec.AttentionSpec` whose function is a proxy. Its description
+    is code-under-test input, checked by :func:`_attention_values`."""
     from attnverify.attention.spec import AttentionSpec
-    from attnverify.registry import builtin_ids
 
     channel = Channel("attention", target, dict(params or {}), timeout_s=ctx.timeout_s,
                       device=ctx.device, isolated=bool(getattr(ctx, "isolation", True)))
-    d = _described(channel)
-    compile_s = d.get("compile_s")
-    if isinstance(compile_s, (int, float)) and math.isfinite(compile_s) and compile_s > 0:
-        channel.timeout_s += min(float(compile_s), 3600.0)  # it compiles on first use
-    fields = {f.name for f in dataclasses.fields(AttentionSpec)}
-    values = {k: _tuple(v) for k, v in d.items() if k in fields and k not in ("fn", "dtypes")}
-    values["dtypes"] = tuple(getattr(torch, name) for name in d.get("dtypes", [])
-                             if name in wire.DTYPE_NAMES)
-    if values.get("claims") is not None:
-        values["claims"] = tuple(values["claims"])
-    values["reference"] = _attention_reference(str(d.get("reference") or ""))
-    fn = RemoteAttentionFunction(channel, str(d.get("id", target)))
+    values = _attention_values(channel, _described(channel), target)
+    channel.timeout_s += values["compile_s"]  # it compiles on first use
+    fn = RemoteAttentionFunction(channel, values["id"])
+    d = channel.description
     fn.runtime = d.get("runtime") if isinstance(d.get("runtime"), dict) else {}
-    if values.get("normalizer") not in builtin_ids():
-        raise UsageError(f"attention target {target!r}: normalizer={values.get('normalizer')!r} "
-                         "is not a built-in normalizer id (attnverify list)")
     return AttentionSpec(fn=fn, **values)
 
 
-def _attention_reference(name: str) -> str:
-    """A reference a kernel declares is honoured only when it names a built-in (a normalizer id
-    or a built-in attention id): anything else would run the target's code in the checker."""
-    if not name:
-        return ""
-    from attnverify.attention.kernels import builtins as attention_builtins
-    from attnverify.registry import builtin_ids
+def _attention_values(channel: Channel, d: dict, target: str) -> dict:
+    """The :class:`~attnverify.attention.spec.AttentionSpec` fields of a worker's description,
+    checked: a field of the wrong type or range, or a declared reference that contradicts the
+    declared normalizer (:func:`attnverify.attention.loader.reference_problem`), fails the
+    target like a load failure (:class:`WorkerFailed` saying what was wrong; the worker is
+    stopped); an unknown normalizer or score modification is a usage error (exit 2)."""
+    from attnverify.attention.loader import reference_problem
+    from attnverify.attention.spec import FIELDS, description_problem, unknown_name
 
-    return name if name in builtin_ids() or name in attention_builtins() else ""
+    problem = description_problem(d)
+    unknown = "" if problem else unknown_name(d)
+    if unknown:
+        channel._discard()
+        raise UsageError(f"attention target {target!r}: {unknown}")
+    problem = problem or reference_problem(d["normalizer"], d["score_mod"], d["reference"])
+    if problem:
+        channel._discard()
+        raise WorkerFailed(f"gave a description attnverify cannot use: {problem}")
+    values = {name: d[name] for name in FIELDS}
+    values.update(params=dict(d["params"]), dtypes=tuple(getattr(torch, n) for n in d["dtypes"]),
+                  claims=None if d["claims"] is None else tuple(d["claims"]),
+                  compile_s=float(d["compile_s"]),
+                  reference_by="target" if d["reference"] else "")
+    return values

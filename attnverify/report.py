@@ -114,7 +114,9 @@ def terminal_table(data: dict[str, Any]) -> str:
     lines = []
     for target in data["targets"]:
         lines.append(f"== {target['target']}  ({', '.join(target['claims']) or 'no claims'})")
-        if target.get("reference"):
+        if target.get("attention"):
+            lines.extend(f"  {line}" for line in kernel_lines(target))
+        elif target.get("reference"):
             lines.append(f"  reference (float64): {target['reference']}")
         rows = [("property", "claimed", "status", "examples", "worst ratio", "time")]
         for r in target["results"]:
@@ -146,6 +148,32 @@ def terminal_table(data: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+#: Who named an attention kernel's reference, in words.
+REFERENCE_BY = {"normalizer": "its declared normalizer", "target": "the kernel's own declaration",
+                "option": "--reference", "given": "the caller"}
+
+
+def kernel_lines(target: dict[str, Any]) -> list[str]:
+    """An attention target's ``kernel: …`` line (what it declares it computes) and ``reference
+    (float64): …`` line (what it was compared with, who named it, where it ran), with a note
+    when a ``--reference`` is not the declared normalizer."""
+    from attnverify.registry import builtin_ids
+
+    rec = target["attention"]
+    mod = f", score modification {rec['score_mod']}" if rec.get("score_mod") else ""
+    ref = str(rec.get("reference") or "")
+    how = "eager attention with" if ref in builtin_ids() else "the built-in attention target"
+    where = "attnverify's process" if target.get("reference_owner") == "checker" else "its worker"
+    out = [f"kernel: declares normalizer {rec.get('normalizer')}{mod}",
+           f"reference (float64): {how} {ref}, named by "
+           f"{REFERENCE_BY.get(rec.get('reference_by'), rec.get('reference_by'))}, evaluated in "
+           f"{where}"]
+    if ref in builtin_ids() and ref != rec.get("normalizer"):
+        out.append(f"note: the reference {ref} is not the normalizer the kernel declares "
+                   f"({rec.get('normalizer')})")
+    return out
+
+
 def isolation_note(data: dict[str, Any]) -> str:
     """A line for a run whose targets were not both isolated and sandboxed, else ``""``."""
     sandbox = str(data.get("sandbox") or "")
@@ -170,6 +198,10 @@ def coverage_lines(target: dict[str, Any], *, per_property: bool = False) -> lis
         said = "certified for" if target.get("verdict") == "certified" else "checked for"
         out.append(f"{said}: {target['certified_for']}")
     out.append(f"coverage: {describe(block)}")
+    if block.get("attention"):
+        from attnverify.attention.coverage import describe as describe_attention
+
+        out.append(f"attention coverage: {describe_attention(block['attention'])}")
     if per_property:
         for prop, diff in (block.get("properties") or {}).items():
             out.append(f"  {prop}: {describe_difference(diff)}")
@@ -244,7 +276,9 @@ def markdown(data: dict[str, Any]) -> str:
         lines += [f"softmax_fused kernel: {data['softmax_kernel']}.", ""]
     for target in data["targets"]:
         lines += [f"## `{target['target']}` — {target['verdict']}", ""]
-        if target.get("reference"):
+        if target.get("attention"):
+            lines += [f"- {line}" for line in kernel_lines(target)] + [""]
+        elif target.get("reference"):
             lines += [f"Reference (float64): `{target['reference']}`.", ""]
         cover = coverage_lines(target, per_property=True)
         if cover:

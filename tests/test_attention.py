@@ -328,5 +328,5 @@ def test_attention_repro_line_keeps_the_kernels_parameters(capsys):
 def test_a_kernel_assuming_contiguous_heads_fails_on_the_hugging_face_layout():
     res = _run("assumes_bhld_memory", "attn_reference")
     recipe = res.counterexample["recipe"]
-    assert recipe["layout"] == "hf", recipe  # contiguous [B, H, L, d] input passes
-    assert res.to_json()["coverage"]["layouts"] == ["contiguous", "transposed", "expanded"]
+    assert recipe["layout"] != "bhld", recipe  # contiguous [B, H, L, d] input passes
+    assert {"contiguous", "transposed", "expanded"} <= set(res.to_json()["coverage"]["layouts"])

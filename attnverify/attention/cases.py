@@ -3,22 +3,53 @@
 
 The recipe is a plain dict of ints, floats and strings; :func:`build` turns it into an
 :class:`AttnCase` deterministically, so that a counterexample is reproduced from its recipe alone
-(``python -m attnverify.attention.repro``).
+(``python -m attnverify.attention.repro``). A recipe without one of the later fields (an older
+certificate's) builds as it always did, but for a band or window past the last key.
 
-Query/key kinds (the embedding settings of the papers, ``Δ = ‖q‖·max‖k‖``): ``gaussian``;
+**Shapes.** ``b`` batch elements (1–4), ``h`` query heads (1 to 64: the head counts of real
+models and their neighbours), ``h_kv`` key/value heads (any divisor of ``h``: GQA groups up to
+16), head dimensions ``d`` and ``d_v`` drawn independently (powers of two and not), ``L_q`` and
+``L_k`` either side of the block sizes of tiled kernels (64, 128) with tails. The queries' scores
+(``b·h·L_q·L_k``) stay within :data:`BUDGET`.
+
+**Query/key kinds** (the embedding settings of the papers, ``Δ = ‖q‖·max‖k‖``): ``gaussian``;
 ``aligned`` (every key ``±`` a multiple of one query direction: large logits, exact ties);
 ``duplicates`` (repeated keys: exact ties); ``mixed_norms`` (key norms over four decades).
-Mask kinds: ``none``, ``bool`` (random, every query keeps a key), ``band`` (symmetric window),
-``window`` (causal sliding window), ``columns`` (keys masked for every query), ``padding``
-(``[B, 1, 1, L_k]`` valid prefix per batch), ``fully_masked`` (some queries see no key),
-``additive`` (finite biases and ``-inf``), ``causal`` (``is_causal=True``), ``batch_bool`` (a
-different random mask per batch element, expanded over the heads with stride 0, as a model
-broadcasts one padding-and-causal mask to every head).
 
-Layouts (the recipe's ``layout``): ``bhld`` (contiguous ``[B, H, L, d]``) or ``hf`` (``q``, ``k``,
-``v`` as transposed views of contiguous ``[B, L, H, d]`` buffers, the Hugging Face layout:
-``x.view(B, L, H, d).transpose(1, 2)``). Lengths cross the block sizes of tiled kernels (64,
-128) with tails, ``L_q ≠ L_k``.
+**Masks** (``mask``, the pattern): ``none``, ``bool`` (random, every query keeps a key),
+``band`` (symmetric window), ``window`` (causal sliding window; for both, a query past the last
+key's window keeps the last key, so that only ``dead`` leaves a query without a key),
+``columns`` (keys masked for
+every query), ``padding`` (valid prefix of the keys per batch element), ``padded_causal``
+(per-batch padding combined with a causal triangle: a decoder's mask; left padding when the
+recipe asks for fully masked rows, whose padded queries then see no key), ``causal``
+(``is_causal=True``, no tensor). How the pattern is given:
+
+- ``mask_type``: ``bool`` (True = may attend) or ``additive`` (finite biases, ``-inf`` where a
+  key may not be attended);
+- ``mask_shape``: every shape SDPA broadcasts to ``[B, H, L_q, L_k]``: ``full`` ``[B, H, L_q,
+  L_k]``, ``batch`` ``[B, 1, L_q, L_k]`` (the Hugging Face shape), ``heads`` ``[1, H, L_q, L_k]``,
+  ``shared`` ``[1, 1, L_q, L_k]``, ``2d`` ``[L_q, L_k]``, ``keys`` ``[B, 1, 1, L_k]``; the
+  pattern is drawn at that shape, so a broadcast mask differs per batch element or head only
+  where its shape says so;
+- ``mask_view``: ``plain``; ``expanded`` (the broadcast mask expanded to ``[B, H, L_q, L_k]``
+  with stride 0, as a model broadcasts one mask to every head); ``sliced`` (a view
+  ``[..., :L_q, :L_k]`` of a longer buffer, as a cached causal mask is sliced; the buffer's
+  other entries are visibly wrong: ``False`` or ``37.0``);
+- ``dead``: some query rows see no key at all, in any shape (for a ``keys`` or ``batch`` mask a
+  whole batch element or query row, broadcast over the heads).
+
+The older kinds stay readable: ``additive`` (= ``bool`` with ``mask_type: additive``),
+``fully_masked`` (= ``bool`` with ``dead``), ``batch_bool`` (= ``bool`` of shape ``batch``,
+expanded).
+
+**Layouts** of ``q``, ``k``, ``v`` (the recipe's ``layout``): ``bhld`` (contiguous ``[B, H, L,
+d]``); ``hf`` (transposed views of contiguous ``[B, L, H, d]`` buffers, the Hugging Face layout:
+``x.view(B, L, H, d).transpose(1, 2)``); ``cache`` (``k`` and ``v`` slices
+``[:, :, s:s + L_k]`` of a longer key/value cache at a non-zero storage offset, its unused
+entries large); ``qkv`` (``q``, ``k``, ``v`` offset views of one fused projection buffer ``[B, L,
+(H + H_kv)·d + H_kv·d_v]``; for ``L_q ≠ L_k`` the keys and values share a fused ``[B, L_k,
+H_kv·(d + d_v)]`` buffer).
 """
 
 from __future__ import annotations
@@ -30,16 +61,52 @@ import torch
 from hypothesis import strategies as st
 
 QK_KINDS = ("gaussian", "aligned", "duplicates", "mixed_norms")
-MASK_KINDS = ("none", "bool", "band", "window", "columns", "padding", "fully_masked", "additive",
-              "causal", "batch_bool")
-LAYOUTS = ("bhld", "hf")
+#: Mask patterns (``none`` and ``causal`` build no tensor); the last three are the older
+#: spellings of a pattern with its type, shape, view or dead rows.
+MASK_KINDS = ("none", "bool", "band", "window", "columns", "padding", "padded_causal", "causal",
+              "additive", "fully_masked", "batch_bool")
+MASK_TYPES = ("bool", "additive")
+#: Every mask shape SDPA broadcasts, by name: its size along (batch, heads, queries, keys);
+#: ``2d`` has no batch and head axes.
+MASK_SHAPES = {"full": ("b", "h", "q", "k"), "batch": ("b", 1, "q", "k"),
+               "heads": (1, "h", "q", "k"), "shared": (1, 1, "q", "k"), "2d": ("q", "k"),
+               "keys": ("b", 1, 1, "k")}
+MASK_VIEWS = ("plain", "expanded", "sliced")
+#: The shapes each pattern can take (a pattern over query positions needs the query axis).
+PATTERN_SHAPES = {"bool": tuple(MASK_SHAPES), "band": ("full", "batch", "heads", "shared", "2d"),
+                  "window": ("batch", "full", "heads", "shared", "2d"),
+                  "columns": ("keys",), "padding": ("keys",),
+                  "padded_causal": ("batch", "full", "shared", "2d")}
+#: The older kinds: ``(pattern, overrides)``.
+LEGACY = {"additive": ("bool", {"mask_type": "additive"}),
+          "fully_masked": ("bool", {"dead": True}),
+          "batch_bool": ("bool", {"mask_shape": "batch", "mask_view": "expanded"})}
+#: The shape a pattern takes when the recipe names none (what the first releases built).
+NATURAL_SHAPE = {"bool": "full", "band": "full", "window": "batch", "columns": "keys",
+                 "padding": "keys", "padded_causal": "batch"}
+LAYOUTS = ("bhld", "hf", "cache", "qkv")
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
           "bfloat16": torch.bfloat16}
-HEAD_DIMS = (4, 8, 16, 32, 64)
+#: Head dimensions: powers of two first (shrinking goes there), then others (6: not a multiple
+#: of 4; 12 and 24: not of 8 or 16; 40, 48, 80, 96: multiples of 8 or 16, not powers of two).
+HEAD_DIMS = (4, 8, 16, 32, 64, 128, 6, 12, 24, 40, 48, 80, 96)
+#: Head dimensions up to 64 (properties whose kernels compile a graph per head-dim bucket).
+SMALL_HEAD_DIMS = tuple(d for d in HEAD_DIMS if d <= 64)
 MAGNITUDES = (0.1, 1.0, 3.0, 10.0)
 #: Longest key sequence the generated cases reach (the low-precision battery goes to 4096).
 MAX_KEYS = 1024
 MAX_QUERIES = 129
+MAX_BATCH = 4
+MAX_HEADS = 64
+#: Query head counts beyond 1–4: those of real models and their neighbours.
+HEAD_COUNTS = (5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 40, 64)
+#: GQA groups (query heads per key/value head) and key/value head counts.
+GROUPS = (2, 3, 4, 8, 5, 16)
+KV_HEADS = (1, 2, 3, 4, 8, 5, 6)
+#: Most scores (``b·h·L_q·L_k``) a generated case has: big shapes get shorter sequences.
+BUDGET = 1 << 18
+#: What the unused entries of a sliced buffer hold (a kernel that reads them is visibly wrong).
+FILL_KEYS, FILL_ADDITIVE = 1e3, 37.0
 
 
 class AttnCase(NamedTuple):
@@ -88,68 +155,192 @@ def _values(r: dict, g: torch.Generator) -> torch.Tensor:
     return torch.randn(*shape, generator=g, dtype=torch.float64)
 
 
+# --------------------------------------------------------------------------------------------
+# Masks
+
+
 def _keep_one(allowed: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     """Every query keeps at least one key (a random one)."""
     pick = torch.randint(0, allowed.shape[-1], allowed.shape[:-1] + (1,), generator=g)
     return allowed.scatter(-1, pick, True)
 
 
-def _mask(r: dict, g: torch.Generator):
-    """``(attn_mask, is_causal)`` of the recipe's mask kind."""
-    b, h, l_q, l_k, kind = r["b"], r["h"], r["l_q"], r["l_k"], r["mask"]
+def mask_form(r: dict) -> tuple[str, str, str, str, bool]:
+    """``(pattern, type, shape, view, dead)`` of a recipe's mask (the older kinds resolved)."""
+    kind = r.get("mask", "none")
+    pattern, over = LEGACY.get(kind, (kind, {}))
+    r = {**r, **over}
+    shape = r.get("mask_shape") or NATURAL_SHAPE.get(pattern, "full")
+    return (pattern, r.get("mask_type") or "bool", shape, r.get("mask_view") or "plain",
+            bool(r.get("dead", False)))
+
+
+def explicit(r: dict) -> dict:
+    """``r`` with an older mask kind spelled as its pattern and fields (the same tensors)."""
+    if r.get("mask") not in LEGACY:
+        return r
+    pattern, kind, shape, view, dead = mask_form(r)
+    return {**r, "mask": pattern, "mask_type": kind, "mask_shape": shape, "mask_view": view,
+            "dead": dead}
+
+
+def _dims(shape: str, r: dict) -> tuple[int, int, int, int]:
+    """The mask's sizes along (batch, heads, queries, keys) (``2d``: batch and heads of 1)."""
+    sizes = {"b": r["b"], "h": r["h"], "q": r["l_q"], "k": r["l_k"], 1: 1}
+    axes = MASK_SHAPES[shape]
+    return tuple(sizes[a] for a in ((1, 1) + axes if len(axes) == 2 else axes))
+
+
+def _pattern(pattern: str, dims, dead: bool, r: dict, g: torch.Generator) -> torch.Tensor:
+    """Boolean ``dims``: the keys each query may attend (a key for every query unless
+    ``dead``: then some rows, at the mask's own shape, see none)."""
+    allowed = _allowed(pattern, dims, dead, r, g)
+    if pattern in ("band", "window"):  # a query past the last key + w keeps the last key
+        last = torch.arange(dims[-1]) == dims[-1] - 1
+        allowed = allowed | (~allowed.any(-1, keepdim=True) & last)
+    if dead and pattern != "padded_causal":  # that one has its padded queries
+        rows = torch.rand(*dims[:-1], 1, generator=g) < 0.4
+        rows.view(-1)[0] = True
+        allowed = allowed & ~rows
+    return allowed
+
+
+def _allowed(pattern: str, dims, dead: bool, r: dict, g: torch.Generator) -> torch.Tensor:
+    b, h, l_q, l_k = dims
     i = torch.arange(l_q)[:, None]
     j = torch.arange(l_k)[None, :]
     p = float(r.get("keep", 0.5))
-    if kind == "causal":
-        return None, True
-    if kind == "bool":
-        return _keep_one(torch.rand(b, h, l_q, l_k, generator=g) < p, g), False
-    if kind == "band":
-        w = max(1, int(r.get("window", 4)))
-        return ((j - i).abs() < w).expand(b, h, l_q, l_k).clone(), False
-    if kind == "window":
-        w = max(1, int(r.get("window", 4)))
-        return ((j <= i) & (j > i - w)).expand(b, 1, l_q, l_k).clone(), False
-    if kind == "columns":
-        cols = torch.rand(b, 1, 1, l_k, generator=g) < p
-        cols[..., 0] = True
-        return cols, False
-    if kind == "padding":
-        n = torch.randint(1, l_k + 1, (b, 1, 1, 1), generator=g)
-        return j[None, None] < n, False
-    if kind == "fully_masked":
-        allowed = _keep_one(torch.rand(b, h, l_q, l_k, generator=g) < p, g)
-        dead = torch.rand(b, h, l_q, 1, generator=g) < 0.4
-        dead[0, 0, 0, 0] = True
-        return allowed & ~dead, False
-    if kind == "batch_bool":
-        per_batch = _keep_one(torch.rand(b, 1, l_q, l_k, generator=g) < p, g)
-        return per_batch.expand(b, h, l_q, l_k), False
-    if kind == "additive":
-        bias = torch.randn(b, h, l_q, l_k, generator=g, dtype=torch.float64) * 3
-        drop = ~_keep_one(torch.rand(b, h, l_q, l_k, generator=g) < p, g)
-        return bias.masked_fill(drop, float("-inf")), False
-    return None, False
+    w = max(1, int(r.get("window", 4)))
+    if pattern == "band":
+        return ((j - i).abs() < w).expand(dims)
+    if pattern == "window":
+        return ((j <= i) & (j > i - w)).expand(dims)
+    if pattern in ("columns", "padding"):
+        if pattern == "columns":
+            keys = torch.rand(b, 1, 1, l_k, generator=g) < p
+            keys[..., 0] = True
+        else:
+            n = torch.randint(1, l_k + 1, (b, 1, 1, 1), generator=g)
+            keys = j[None, None] < n
+        return keys.expand(dims)
+    if pattern == "padded_causal":
+        n = torch.randint(1, l_k + 1, (b, 1, 1, 1), generator=g)  # valid keys per element
+        if dead:  # left padding: the first l_k − n keys are padding, their queries see none
+            n[0] = torch.randint(0, l_k, (1,), generator=g)  # element 0 has padding
+            return ((j <= i) & (j >= l_k - n)).expand(dims)
+        return ((j <= i) & (j < n)).expand(dims)  # right padding: never a dead query
+    return _keep_one(torch.rand(*dims, generator=g) < p, g)
+
+
+def _mask(r: dict, g: torch.Generator):
+    """``(attn_mask at its shape or None, is_causal, view)``: float64 biases or booleans."""
+    if r["mask"] == "causal":
+        return None, True, "plain"
+    if r["mask"] == "none":
+        return None, False, "plain"
+    pattern, kind, shape, view, dead = mask_form(r)
+    if pattern not in PATTERN_SHAPES:
+        raise ValueError(f"unknown mask {r['mask']!r} (one of {', '.join(MASK_KINDS)})")
+    if shape not in PATTERN_SHAPES[pattern]:
+        raise ValueError(f"mask {r['mask']!r} does not take mask_shape {shape!r} (one of "
+                         f"{', '.join(PATTERN_SHAPES[pattern])})")
+    if kind not in MASK_TYPES or view not in MASK_VIEWS:
+        raise ValueError(f"mask_type must be one of {MASK_TYPES}, mask_view one of {MASK_VIEWS}")
+    dims = _dims(shape, r)
+    bias = torch.randn(*dims, generator=g, dtype=torch.float64) * 3 if kind == "additive" \
+        else None
+    allowed = _pattern(pattern, dims, dead, r, g).contiguous()
+    if bias is not None:
+        allowed = bias.masked_fill(~allowed, float("-inf"))
+    if shape == "2d":
+        allowed = allowed[0, 0]
+    return allowed, False, view
+
+
+def _view_mask(mask: torch.Tensor, view: str, r: dict) -> torch.Tensor:
+    """The mask (already in its dtype and on its device) given as ``view``."""
+    if view == "expanded":
+        return mask.expand(r["b"], r["h"], r["l_q"], r["l_k"])
+    if view == "sliced":
+        grow = [0] * (mask.dim() - 2) + [0 if mask.shape[-2] == 1 else 3, 5]
+        fill = False if mask.dtype == torch.bool else FILL_ADDITIVE
+        buf = torch.full([n + e for n, e in zip(mask.shape, grow)], fill, dtype=mask.dtype,
+                         device=mask.device)
+        region = buf[..., : mask.shape[-2], : mask.shape[-1]]
+        region.copy_(mask)
+        return region
+    return mask
+
+
+# --------------------------------------------------------------------------------------------
+# Layouts of q, k, v
+
+
+def _hf(t: torch.Tensor) -> torch.Tensor:
+    """A transposed view of a contiguous ``[B, L, H, d]`` buffer."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _cache_slice(t: torch.Tensor, fill: float) -> torch.Tensor:
+    """``t`` as ``cache[:, :, s:s + L]`` of a longer cache ``[B, H, L + extra, d]`` (s = 2)."""
+    b, h, length, d = t.shape
+    extra = max(5, length // 4)
+    cache = torch.full((b, h, length + extra, d), fill, dtype=t.dtype, device=t.device)
+    cache[:, :, 2:2 + length] = t
+    return cache[:, :, 2:2 + length]
+
+
+def _fused(parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``parts`` (``[B, H_i, L, d_i]``, one length) as offset views of one fused projection
+    buffer ``[B, L, Σ H_i·d_i]``: ``buf[..., o:o + H·d].view(B, L, H, d).transpose(1, 2)``."""
+    b, length = parts[0].shape[0], parts[0].shape[2]
+    widths = [t.shape[1] * t.shape[3] for t in parts]
+    buf = torch.cat([t.transpose(1, 2).reshape(b, length, w) for t, w in zip(parts, widths)],
+                    dim=-1)
+    out, start = [], 0
+    for t, w in zip(parts, widths):
+        out.append(buf[..., start:start + w].view(b, length, t.shape[1], t.shape[3])
+                   .transpose(1, 2))
+        start += w
+    return out
+
+
+def _arrange(q, k, v, layout: str):
+    if layout == "hf":
+        return _hf(q), _hf(k), _hf(v)
+    if layout == "cache":
+        return q, _cache_slice(k, FILL_KEYS), _cache_slice(v, FILL_KEYS)
+    if layout == "qkv":
+        if q.shape[2] == k.shape[2]:
+            return tuple(_fused([q, k, v]))
+        return (_hf(q), *_fused([k, v]))
+    if layout != "bhld":
+        raise ValueError(f"unknown layout {layout!r} (one of {', '.join(LAYOUTS)})")
+    return q, k, v
 
 
 def build(recipe: dict[str, Any]) -> AttnCase:
     """The case of a recipe (deterministic: same recipe, same tensors)."""
     r = dict(recipe)
+    if r["h"] % r["h_kv"]:
+        raise ValueError(f"h={r['h']} is not a multiple of h_kv={r['h_kv']}")
     g = _gen(r["seed"])
     dtype = DTYPES[r["dtype"]]
     q, k = _qk(r, g)
     v = _values(r, g)
-    mask, causal = _mask(r, g)
-    if mask is not None and mask.dtype != torch.bool:
-        mask = mask.to(dtype)
+    mask, causal, view = _mask(r, g)
     scale = None if r["scale"] == "default" else float(r["scale"])
     device = r.get("device", "cpu")
     q, k, v = (t.to(dtype=dtype, device=device) for t in (q, k, v))
-    if r.get("layout", "bhld") == "hf":  # views of [B, L, H, d] buffers
-        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    q, k, v = _arrange(q, k, v, r.get("layout", "bhld"))
     if mask is not None:
-        mask = mask.to(device)
+        mask = mask.to(device=device, dtype=mask.dtype if mask.dtype == torch.bool else dtype)
+        mask = _view_mask(mask, view, r)
     return AttnCase(q, k, v, mask, causal, scale, r["h"] != r["h_kv"], r)
+
+
+# --------------------------------------------------------------------------------------------
+# Strategies
 
 
 def _lengths(lo: int, hi: int):
@@ -158,36 +349,78 @@ def _lengths(lo: int, hi: int):
     small = st.integers(lo, min(hi, 16))
     if hi <= 16:
         return small
-    big = st.sampled_from([n for n in (31, 33, 40, 63, 64, 65, 127, 128, 129, 255, 257, 512,
-                                       1000, 1023, 1024, 1025, 2048, 4096) if lo <= n <= hi])
-    return st.one_of(small, st.integers(lo, hi), big)
+    big = [n for n in (31, 33, 40, 63, 64, 65, 127, 128, 129, 255, 257, 512, 1000, 1023, 1024,
+                       1025, 2048, 4096) if lo <= n <= hi]
+    return st.one_of(small, st.integers(lo, hi), st.sampled_from(big or [hi]))
+
+
+def _heads(draw, gqa, max_heads: int) -> tuple[int, int]:
+    """``(h, h_kv)``: ``gqa=False`` one key/value head per query head; ``True`` fewer (a group of
+    2 to 16 over 1 to 8 key/value heads); ``"mixed"`` either."""
+    if gqa is False:
+        counts = [n for n in HEAD_COUNTS if n <= max_heads]
+        small = st.integers(1, min(4, max_heads))
+        h = draw(_mostly(small, st.sampled_from(counts)) if counts else small)
+        return h, h
+    groups = [n for n in ((1, *GROUPS) if gqa == "mixed" else GROUPS) if n <= max_heads] or [1]
+    group = draw(_mostly(st.sampled_from(groups[:3]), st.sampled_from(groups)))
+    kvs = [n for n in KV_HEADS if n * group <= max_heads] or [1]
+    kv = draw(_mostly(st.sampled_from(kvs[:2]), st.sampled_from(kvs)))
+    return kv * group, kv
+
+
+def _mostly(common, rare):
+    """``common`` three times in four, else ``rare`` (shrinking goes to ``common``): the big
+    shapes stay reachable without making every example slow."""
+    return st.one_of(common, common, common, rare)
+
+
+def _mask_fields(draw, masks, mask_types, dead: bool) -> dict[str, Any]:
+    kind = draw(st.sampled_from(masks))
+    out = {"mask": kind, "dead": dead and kind not in ("none", "causal")}
+    if kind in PATTERN_SHAPES:
+        out["mask_type"] = draw(st.sampled_from(mask_types))
+        shape = draw(st.sampled_from(PATTERN_SHAPES[kind]))
+        views = ("plain", "sliced") if shape == "full" else MASK_VIEWS
+        out.update(mask_shape=shape, mask_view=draw(st.sampled_from(views)))
+    return out
 
 
 def recipes(*, dtypes, masks=("none",), max_keys=MAX_KEYS, gqa=False, head_dims=HEAD_DIMS,
             min_keys=1, positive_v=False, scales=("default", "explicit"), device="cpu",
-            min_batch=1):
+            min_batch=1, max_batch=MAX_BATCH, max_heads=MAX_HEADS, mask_types=MASK_TYPES,
+            dead=False, max_head_dim=None, layouts=LAYOUTS, budget=BUDGET):
     """Hypothesis strategy of recipes; ``gqa=True`` draws fewer key/value heads than query heads,
-    ``gqa="mixed"`` sometimes."""
+    ``gqa="mixed"`` sometimes. ``max_head_dim`` caps ``d`` and ``d_v`` (a kernel's declared
+    limit); ``dead``: every mask has query rows that see no key."""
     names = [str(d).removeprefix("torch.") for d in dtypes]
+    dims = [d for d in head_dims if max_head_dim is None or d <= max_head_dim] or [
+        min(head_dims)]
 
     @st.composite
     def draw(draw):
-        h_kv = draw(st.sampled_from((1, 2)))
-        group = draw(st.sampled_from({True: (2, 3), "mixed": (1, 2, 3)}.get(gqa, (1,))))
-        d = draw(st.sampled_from(head_dims))
+        b = draw(_mostly(st.integers(min_batch, max(min_batch, 2)),
+                         st.integers(min_batch, max(min_batch, max_batch))))
+        h, h_kv = _heads(draw, gqa, max_heads)
+        common = [x for x in dims if x <= 64 and not x & (x - 1)] or dims
+        d = draw(st.one_of(st.sampled_from(common), st.sampled_from(dims)))
+        d_v = draw(st.one_of(st.just(d), st.just(d), st.sampled_from(dims)))
+        room = max(1, budget // (b * h))
+        l_q = draw(_lengths(1, min(MAX_QUERIES, max(1, room // max(1, min_keys)))))
+        l_k = draw(_lengths(min_keys, max(min_keys, min(max_keys, room // l_q))))
         scale_mode = draw(st.sampled_from(scales))
-        return {
-            "b": draw(st.integers(min_batch, 2)), "h": h_kv * group, "h_kv": h_kv,
-            "l_q": draw(_lengths(1, MAX_QUERIES)), "l_k": draw(_lengths(min_keys, max_keys)),
-            "d": d, "d_v": d,
+        out = {
+            "b": b, "h": h, "h_kv": h_kv, "l_q": l_q, "l_k": l_k, "d": d, "d_v": d_v,
             "dtype": draw(st.sampled_from(names)), "qk": draw(st.sampled_from(QK_KINDS)),
-            "mag": draw(st.sampled_from(MAGNITUDES)), "mask": draw(st.sampled_from(masks)),
+            "mag": draw(st.sampled_from(MAGNITUDES)),
+            **_mask_fields(draw, masks, mask_types, dead),
             "keep": draw(st.sampled_from((0.5, 0.1, 0.9))), "window": draw(st.integers(1, 8)),
             "scale": ("default" if scale_mode == "default"
                       else draw(st.sampled_from((0.5, 1.0, 1.0 / math.sqrt(d) * 2)))),
             "positive_v": positive_v, "device": device,
-            "seed": draw(st.integers(0, 2**16)), "layout": draw(st.sampled_from(LAYOUTS)),
+            "seed": draw(st.integers(0, 2**16)), "layout": draw(st.sampled_from(layouts)),
         }
+        return out
 
     return draw()
 
@@ -200,4 +433,23 @@ def recipe(**over) -> dict[str, Any]:
     out = {**base, **over}
     if "d_v" not in over:
         out["d_v"] = out["d"]
+    if "h_kv" not in over and "h" in over:
+        out["h_kv"] = out["h"]
     return out
+
+
+def has_dead_rows(case: AttnCase) -> bool:
+    """A query of ``case`` sees no key (under its mask and causal triangle)."""
+    from attnverify.attention.reference import allowed_and_bias
+
+    q, k = case.q, case.k
+    allowed, bias = allowed_and_bias(case.attn_mask, case.is_causal, q.shape[-2], k.shape[-2],
+                                     q.device)
+    if bias is not None:
+        allowed = allowed & ~torch.isneginf(bias)
+    return bool((~allowed.expand(*q.shape[:-1], k.shape[-2]).any(-1)).any())
+
+
+def scores_of(r: dict[str, Any]) -> int:
+    """How many scores a recipe's case forms (``b·h·L_q·L_k``): the size shrinking lowers."""
+    return int(r["b"]) * int(r["h"]) * int(r["l_q"]) * int(r["l_k"])

@@ -187,7 +187,8 @@ def check_padding(spec, case, ctx) -> float:
     a = attention_of(spec)
     ratio = max(_against_reference("padding mask honoured", spec, case),
                 _masked_keys_inert(spec, case))
-    n_valid = case.attn_mask.reshape(case.q.shape[0], -1).sum(-1)
+    keys = case.attn_mask.expand(*case.q.shape[:-1], case.k.shape[-2])[:, 0, 0]  # [B, L_k]
+    n_valid = keys.sum(-1)
     full = run(a, case.q, case.k, case.v, case.attn_mask, False, case.scale, case.enable_gqa)
     for b in range(case.q.shape[0]):
         n = int(n_valid[b])
@@ -290,18 +291,34 @@ def check_batch_head_independent(spec, case, ctx) -> float:
     full = run(a, q, case.k, case.v, mask, case.is_causal, case.scale, case.enable_gqa)
     ratio = 0.0
     group = q.shape[1] // case.k.shape[1]
-    for b in range(q.shape[0]):
-        for h in range(q.shape[1]):
-            hk = h // group
-            m = None if mask is None else mask.expand(*q.shape[:-1], case.k.shape[-2])[
-                b:b + 1, h:h + 1]
-            alone = run(a, q[b:b + 1, h:h + 1], case.k[b:b + 1, hk:hk + 1],
-                        case.v[b:b + 1, hk:hk + 1], m, case.is_causal, case.scale, False)
-            ratio = max(ratio, compare(f"batch {b}, head {h} alone vs inside the batch",
-                                       full[b:b + 1, h:h + 1], alone.to(F64), a, case,
-                                       q=q[b:b + 1, h:h + 1], k=case.k[b:b + 1, hk:hk + 1],
-                                       v=case.v[b:b + 1, hk:hk + 1], mask=m))
+    for b, h in _slices(q.shape[0], q.shape[1], int(case.recipe["seed"])):
+        hk = h // group
+        m = None if mask is None else mask.expand(*q.shape[:-1], case.k.shape[-2])[
+            b:b + 1, h:h + 1]
+        alone = run(a, q[b:b + 1, h:h + 1], case.k[b:b + 1, hk:hk + 1],
+                    case.v[b:b + 1, hk:hk + 1], m, case.is_causal, case.scale, False)
+        ratio = max(ratio, compare(f"batch {b}, head {h} alone vs inside the batch",
+                                   full[b:b + 1, h:h + 1], alone.to(F64), a, case,
+                                   q=q[b:b + 1, h:h + 1], k=case.k[b:b + 1, hk:hk + 1],
+                                   v=case.v[b:b + 1, hk:hk + 1], mask=m))
     return ratio
+
+
+#: Most (batch, head) slices :func:`check_batch_head_independent` computes alone (a call each).
+MAX_SLICES = 12
+
+
+def _slices(batch: int, heads: int, seed: int) -> list[tuple[int, int]]:
+    """Every (batch, head) slice, or :data:`MAX_SLICES` of them: the corners (first and last
+    batch element and head) and a seeded sample of the others."""
+    every = [(b, h) for b in range(batch) for h in range(heads)]
+    if len(every) <= MAX_SLICES:
+        return every
+    corners = [(0, 0), (0, heads - 1), (batch - 1, 0), (batch - 1, heads - 1)]
+    rest = [s for s in every if s not in corners]
+    g = torch.Generator().manual_seed(seed + 14)
+    pick = torch.randperm(len(rest), generator=g)[: MAX_SLICES - len(set(corners))].tolist()
+    return sorted(set(corners) | {rest[i] for i in pick})
 
 
 def check_low_precision(spec, case, ctx) -> float:
@@ -310,12 +327,22 @@ def check_low_precision(spec, case, ctx) -> float:
                               "reference", spec, case)
 
 
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` that requires grad, with ``t``'s sizes, strides and storage offset (a
+    Hugging Face view, a KV-cache slice, an offset view of a fused buffer stay such views)."""
+    span = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1
+    base = torch.zeros(span if t.numel() else 0, dtype=t.dtype, device=t.device)
+    view = base.as_strided(t.shape, t.stride(), t.storage_offset() if t.numel() else 0)
+    view.copy_(t.detach())
+    return view.detach().requires_grad_(True)
+
+
 def check_gradients(spec, case, ctx) -> float:
     """Gradients w.r.t. q, k and v (of ⟨out, G⟩ for a random G) equal the float64 eager
     reference's autograd gradients."""
     a = attention_of(spec)
     g = torch.Generator().manual_seed(int(case.recipe["seed"]) + 13)
-    leaves = [t.detach().clone().requires_grad_(True) for t in (case.q, case.k, case.v)]
+    leaves = [_leaf(t) for t in (case.q, case.k, case.v)]
     ref_leaves = [t.detach().to(F64).clone().requires_grad_(True) for t in leaves]
     out = run(a, *leaves, case.attn_mask, case.is_causal, case.scale, case.enable_gqa)
     cot = torch.randn(out.shape, generator=g, dtype=F64).to(out.device)

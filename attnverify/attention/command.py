@@ -72,7 +72,8 @@ def _certify_opened(args, targets, params, claims, ctx, xfails) -> int:
             except UsageError as exc:
                 raise UsageError(f"--reference {ref!r} is neither a built-in normalizer id nor "
                                  f"an attention target ({exc})") from None
-        specs = [None if s is None else dataclasses.replace(s, reference=ref) for s in specs]
+        specs = [None if s is None else dataclasses.replace(s, reference=ref, reference_by="option")
+                 for s in specs]
     for spec in specs:  # every usage error before any work
         if spec is not None:
             resolve_claims(spec, claims)

@@ -31,8 +31,12 @@ RECOMPILE_LIMIT = 64
 #: Seconds an example may take beyond the per-example time limit: a graph compiles on first use
 #: (minutes on a cold inductor cache on a CPU), in the worker process the kernel runs in.
 COMPILE_S = 600.0
-#: Folded (batch·heads) head counts are padded to these: torch compiles head counts in.
+#: Folded (batch·heads) heads are cut into chunks of these (padded): torch compiles head counts
+#: in, so every call of any batch and head count runs the same few graphs.
 HEADS, GQA_KV_HEADS = 16, 4
+#: GQA groups are padded to this many query heads per key/value head (larger ones first become
+#: smaller groups over repeated key/value heads).
+GQA_GROUP = 4
 
 
 def unavailable() -> str:
@@ -126,9 +130,15 @@ def _pad(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, pad)
 
 
-def _head_bucket(n: int, fixed: int) -> int:
-    """Head counts are compiled in: pad to ``fixed`` (or the next power of two above it)."""
-    return fixed if n <= fixed else 1 << (n - 1).bit_length()
+def _regroup(k: torch.Tensor, v: torch.Tensor, group: int):
+    """``(k, v, group)`` with each key/value head repeated ``f`` times (interleaved, the
+    smallest ``f`` dividing the group with ``group / f ≤`` :data:`GQA_GROUP`): one compiled GQA
+    graph serves every group (inductor's CPU template also fails to compile some larger groups
+    once the lengths are dynamic)."""
+    f = min(x for x in range(1, group + 1) if group % x == 0 and group // x <= GQA_GROUP)
+    if f == 1:
+        return k, v, group
+    return k.repeat_interleave(f, dim=1), v.repeat_interleave(f, dim=1), group // f
 
 
 def _fold(t: torch.Tensor) -> torch.Tensor:
@@ -137,12 +147,21 @@ def _fold(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(1, -1, *t.shape[-2:])
 
 
+def _pad_group(t: torch.Tensor, group: int, bucket: int) -> torch.Tensor:
+    """``[1, n·group, …] → [1, n·bucket, …]``: each key/value head's query heads padded to
+    ``bucket`` (query head ``i·bucket + r`` still reads key head ``i``)."""
+    if group == bucket:
+        return t
+    grouped = t.reshape(-1, group, *t.shape[2:])
+    return _pad(grouped, bucket, 1).reshape(1, -1, *t.shape[2:])
+
+
 def _mark_dynamic(q, k, v, bias) -> None:
-    """Heads, queries and keys dynamic from the first compile (``maybe_``: no error where
-    torch specialises one anyway)."""
+    """Queries and keys dynamic from the first compile (``maybe_``: no error where torch
+    specialises one anyway)."""
     import torch._dynamo
 
-    for t, dims in ((q, (1, 2)), (k, (1, 2)), (v, (1, 2)), (bias, (1, 2, 3))):
+    for t, dims in ((q, (2,)), (k, (2,)), (v, (2,)), (bias, (2, 3))):
         for dim in dims:
             torch._dynamo.maybe_mark_dynamic(t, dim)
 
@@ -152,36 +171,53 @@ def flex(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
     """FlexAttention (compiled) with SDPA's signature and an optional named score mod.
 
     The call is brought to a canonical form that keeps the compiled graphs few (compiling one
-    costs seconds): batch folded into heads and padded to a fixed head count (compiled in), at
-    least 2 queries and keys (size 1 would be specialised), head dimensions zero-padded to 64
-    or 128, the mask as one bias, the head, query and key dimensions marked dynamic, the scale
-    applied to ``q`` beforehand (a float argument would be compiled in as a constant: one graph
-    per scale). Padded queries are sliced away and padded keys masked, so the result is the
-    kernel's on the true inputs; ALiBi slopes follow the true head index."""
+    costs seconds): batch folded into heads and cut into chunks of a fixed head count
+    (:data:`HEADS` query heads; with GQA :data:`GQA_KV_HEADS` key/value heads, each with its
+    query heads padded to a group of :data:`GQA_GROUP`), one call per chunk; at least 2 queries and keys
+    (size 1 would be specialised), head dimensions zero-padded to 64 or 128, the mask as one
+    bias, the query and key dimensions marked dynamic, the scale applied to ``q`` beforehand (a
+    float argument would be compiled in as a constant: one graph per scale). Padded queries are
+    sliced away and padded keys masked, so the result is the kernel's on the true inputs; ALiBi
+    slopes follow the true head index."""
     b, heads, l_q, d = q.shape
     l_k, d_v = k.shape[-2], v.shape[-1]
     width = head_dim_bucket(max(d, d_v))
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    bias = _fold(_bias(attn_mask, is_causal, q, k, l_q, l_k))
-    qf, kf, vf = _fold(q), _fold(k), _fold(v)
-    group = heads // k.shape[1] if enable_gqa else 1
-    n_kv = _head_bucket(kf.shape[1], HEADS if group == 1 else GQA_KV_HEADS)
-    qf = _pad(_pad(_pad(qf, width, -1), max(2, l_q), -2), n_kv * group, 1)
-    kf = _pad(_pad(_pad(kf, width, -1), max(2, l_k), -2), n_kv, 1)
-    vf = _pad(_pad(_pad(vf, width, -1), max(2, l_k), -2), n_kv, 1)
-    bias = _pad(_pad(_pad(bias, max(2, l_q), -2), max(2, l_k), -1), n_kv * group, 1)
-    if l_k < 2:
-        bias[..., l_k:] = NEG_INF
-    slopes = torch.zeros(qf.shape[1], dtype=torch.float32, device=q.device)
+    k, v, group = _regroup(k, v, heads // k.shape[1] if enable_gqa else 1)
+    bucket = GQA_GROUP if group > 1 else 1
+    kv_chunk = GQA_KV_HEADS if group > 1 else HEADS
+    slopes = torch.zeros(b * heads, dtype=torch.float32, device=q.device)
     if mod == "alibi":
         from attnverify.attention.mods import alibi_slopes
 
-        true = alibi_slopes(heads, dtype=torch.float32, device=q.device).repeat(b)
-        slopes[: true.numel()] = true
-    _mark_dynamic(qf, kf, vf, bias)
-    # the scale multiplies q here: a Python float argument would be compiled in as a constant
-    out = compiled()(qf * scale, kf, vf, bias, slopes, 1.0, mod or "", int(window), float(cap),
-                     group > 1)
+        slopes = alibi_slopes(heads, dtype=torch.float32, device=q.device).repeat(b)
+    bias = _fold(_bias(attn_mask, is_causal, q, k, l_q, l_k))
+    qf, bias, slopes = (_pad_group(t, group, bucket) for t in
+                        (_fold(q * scale), bias, slopes[None, :, None, None]))
+    kf, vf = _fold(k), _fold(v)
+    n_kv = -(-kf.shape[1] // kv_chunk) * kv_chunk
+    qf = _pad(_pad(_pad(qf, width, -1), max(2, l_q), -2), n_kv * bucket, 1)
+    kf = _pad(_pad(_pad(kf, width, -1), max(2, l_k), -2), n_kv, 1)
+    vf = _pad(_pad(_pad(vf, width, -1), max(2, l_k), -2), n_kv, 1)
+    bias = _pad(_pad(_pad(bias, max(2, l_q), -2), max(2, l_k), -1), n_kv * bucket, 1)
+    slopes = _pad(slopes, n_kv * bucket, 1).reshape(-1)
+    if l_k < 2:
+        bias[..., l_k:] = NEG_INF
+    outs = []
+    q_chunk = kv_chunk * bucket
+    for c in range(n_kv // kv_chunk):
+        qs, ks = slice(c * q_chunk, (c + 1) * q_chunk), slice(c * kv_chunk, (c + 1) * kv_chunk)
+        # fresh tensors, never views: torch guards on a view's base (a recompile each time a
+        # chunk is, or is not, a view)
+        args = [t.clone(memory_format=torch.contiguous_format)
+                for t in (qf[:, qs], kf[:, ks], vf[:, ks], bias[:, qs])]
+        _mark_dynamic(*args)
+        # the scale multiplied q above: a Python float argument would be compiled in
+        outs.append(compiled()(*args, slopes[qs].clone(), 1.0, mod or "", int(window),
+                               float(cap), group > 1))
+    out = torch.cat(outs, dim=1)
+    if bucket != group:  # drop each group's padded query heads
+        out = out.reshape(-1, bucket, *out.shape[2:])[:, :group].reshape(1, -1, *out.shape[2:])
     return out[:, : b * heads, :l_q, :d_v].reshape(b, heads, l_q, d_v)
 
 

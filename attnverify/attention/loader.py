@@ -90,3 +90,34 @@ def _check_signature(fn, source: str) -> None:
         raise TargetError(f"{source} does not have SDPA's signature f(query, key, value, "
                           f"attn_mask=None, is_causal=False, scale=None)"
                           + (f": no {missing[0]!r} parameter" if missing else ""))
+
+
+def reference_problem(normalizer: str, score_mod: str | None, reference: str) -> str:
+    """Why a reference the kernel declares cannot be used, in words (``""``: it can).
+
+    The rule: a declared reference is code-under-test input, so it may only name a built-in
+    that computes what the kernel declares it computes: its normalizer id, or a built-in
+    attention target with the same normalizer and score modification. Anything else (another
+    normalizer, a module of the target's own) would let the kernel choose what it is compared
+    with; ``--reference`` is how the person running the check compares with something else."""
+    if not reference:
+        return ""
+    from attnverify.registry import builtin_ids
+
+    if reference in builtin_ids():
+        same, what = reference == normalizer, f"the normalizer {reference!r}"
+    elif reference in builtins():
+        other = builtins()[reference]
+        same = other.normalizer == normalizer and other.score_mod == score_mod
+        what = (f"the attention target {reference!r} (normalizer {other.normalizer!r}, "
+                f"score_mod {other.score_mod!r})")
+    else:
+        return (f"reference={reference!r} is not a built-in normalizer or attention id: a "
+                "kernel may declare only a built-in reference (give --reference to compare "
+                "with another)")
+    if same:
+        return ""
+    return (f"reference={reference!r} contradicts normalizer={normalizer!r}"
+            f"{f', score_mod={score_mod!r}' if score_mod else ''}: {what} computes something "
+            "else, and a kernel may not choose what it is compared with (give --reference to "
+            "compare with another)")

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 
 MODS = ("causal", "sliding_window", "alibi", "softcap")
+#: Modifications that can leave a query with no key at all (the window past the last key).
+EMPTIES_ROWS = ("sliding_window",)
 DEFAULTS = {"causal": {}, "sliding_window": {"window": 8}, "alibi": {}, "softcap": {"cap": 20.0}}
 
 

@@ -8,13 +8,19 @@ target where it applies; a property that does not apply says why (``not_applicab
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from attnverify.attention import cases as AC
 from attnverify.attention import checks as K
+from attnverify.attention.shrink import shrink_case
 from attnverify.checks.base import LOW_PRECISION, Property
 
+#: Masks of the universal properties: every pattern (no query left without a key).
 ALL_MASKS = tuple(m for m in AC.MASK_KINDS if m != "fully_masked")
+#: Patterns that take a tensor (every shape, type and view is drawn for them).
+PATTERNS = tuple(AC.PATTERN_SHAPES)
 #: Score mods that depend on key positions (key permutation cannot hold).
 POSITIONAL_MODS = ("causal", "sliding_window", "alibi")
 GRADIENT_MAX_KEYS = 128
@@ -30,6 +36,41 @@ MODEL_LAYOUTS = ({"b": 2, "h": 8, "h_kv": 8, "l_q": 65, "l_k": 127, "d": 16, "la
                  {"b": 1, "h": 16, "h_kv": 16, "l_q": 129, "l_k": 63, "d": 8, "layout": "hf"},
                  {"b": 2, "h": 4, "h_kv": 4, "l_q": 63, "l_k": 129, "d": 8, "layout": "hf",
                   "mask": "padding"})
+#: The big shapes of real models, which Hypothesis reaches only now and then within a ci budget:
+#: 32 heads, batch 4, Llama's 32 query heads over 8 key/value heads, a group of 8 (MQA), 3
+#: key/value heads, head dimensions that are not powers of two with d_v ≠ d, a KV-cache slice,
+#: fused QKV and fused KV buffers.
+BIG_SHAPES = ({"b": 1, "h": 32, "l_q": 9, "l_k": 17, "d": 8, "layout": "hf"},
+              {"b": 4, "h": 3, "l_q": 6, "l_k": 9, "mask": "bool", "mask_shape": "batch",
+               "mask_view": "expanded"},
+              {"b": 1, "h": 32, "h_kv": 8, "l_q": 17, "l_k": 65, "d": 64, "layout": "hf",
+               "mask": "padded_causal", "mask_view": "expanded"},
+              {"b": 2, "h": 8, "h_kv": 1, "l_q": 5, "l_k": 9, "d": 16, "layout": "cache"},
+              {"b": 1, "h": 12, "h_kv": 3, "l_q": 7, "l_k": 7, "d": 24, "d_v": 40,
+               "layout": "qkv"},
+              {"b": 2, "h": 4, "l_q": 9, "l_k": 33, "d": 80, "d_v": 48, "layout": "cache"},
+              {"b": 2, "h": 2, "l_q": 3, "l_k": 65, "d": 12, "d_v": 6, "layout": "qkv",
+               "mask": "bool", "mask_shape": "2d"})
+#: GQA at the groups and key/value head counts of real models (2 to 8 per group, 1 to 8
+#: key/value heads) in every layout.
+GQA_SHAPES = ({"h": 4, "h_kv": 2}, {"h": 6, "h_kv": 2, "mask": "bool"},
+              {"h": 8, "h_kv": 2, "layout": "hf"}, {"h": 8, "h_kv": 4, "layout": "qkv"},
+              {"h": 8, "h_kv": 1, "layout": "cache"}, {"h": 12, "h_kv": 3, "d": 12, "d_v": 24},
+              {"b": 1, "h": 32, "h_kv": 4, "l_q": 5, "l_k": 9, "layout": "hf",
+               "mask": "bool", "mask_shape": "batch", "mask_view": "expanded"})
+
+
+def mask_battery(mask_type: str = "bool", *, dead: bool = False, pattern: str = "bool"):
+    """One recipe per mask shape SDPA broadcasts and per view (plain, expanded with stride 0,
+    sliced from a longer buffer), at batch 3 and 4 heads (a square 2-D mask: a kernel that
+    reads it transposed differs)."""
+    out = []
+    for shape in AC.PATTERN_SHAPES[pattern]:
+        for view in ("plain", "sliced") if shape == "full" else AC.MASK_VIEWS:
+            out.append({"b": 3, "h": 4, "l_q": 6, "l_k": 6 if shape == "2d" else 7,
+                        "mask": pattern, "mask_type": mask_type, "mask_shape": shape,
+                        "mask_view": view, "dead": dead})
+    return tuple(out)
 
 
 def _a(spec):
@@ -69,15 +110,19 @@ def _prop(id, statement, check, *, masks=ALL_MASKS, dtypes=full_dtypes, applies=
         a = _a(spec)
         mixed = ("mixed" if a.gqa else False) if gqa is None else gqa
         options = {"masks": masks, "max_keys": min(max_keys or AC.MAX_KEYS, _max_keys(ctx)),
-                   "gqa": mixed, "device": ctx.device, **recipe_options}
+                   "gqa": mixed, "device": ctx.device, "max_head_dim": a.max_head_dim,
+                   **recipe_options}
         return AC.recipes(dtypes=dtypes_of(spec, ctx), **options).map(AC.build)
 
     def explicit(spec, ctx):
+        a = _a(spec)
         dtype = str(dtypes_of(spec, ctx)[0]).removeprefix("torch.")
         out = []
         for over in battery:
             r = AC.recipe(dtype=dtype, device=ctx.device, **over)
-            if gqa is None and not _a(spec).gqa and r["h"] != r["h_kv"]:
+            if gqa is None and not a.gqa and r["h"] != r["h_kv"]:
+                continue
+            if a.max_head_dim is not None and max(r["d"], r["d_v"]) > a.max_head_dim:
                 continue
             out.append(AC.build(r))
         return out
@@ -90,7 +135,24 @@ def _prop(id, statement, check, *, masks=ALL_MASKS, dtypes=full_dtypes, applies=
 
     return Property(id=id, statement=statement, cases=cases, check=check, explicit=explicit,
                     applies=applicable, universal=universal, examples_scale=scale,
-                    dtypes=dtypes_of)
+                    dtypes=dtypes_of, shrink=functools.partial(
+                        shrink_case, domain=mask_domain(masks, recipe_options.get(
+                            "mask_types", AC.MASK_TYPES))))
+
+
+def mask_domain(masks, mask_types):
+    """``recipe -> bool``: its mask is one of the patterns ``masks`` name (an older kind counts as
+    its pattern) and, for a tensor, of one of ``mask_types``."""
+    names = {AC.LEGACY.get(m, (m,))[0] for m in masks}
+
+    def inside(r: dict) -> bool:
+        kind = r.get("mask", "none")
+        if kind in ("none", "causal"):
+            return kind in names
+        pattern, mask_type, *_ = AC.mask_form(r)
+        return pattern in names and mask_type in mask_types
+
+    return inside
 
 
 def _needs_gqa(a, ctx):
@@ -130,27 +192,38 @@ _ALL = [
           "normalizer, matmul) for any mask, scale and GQA setting, within the score-rounding "
           "tolerance", K.check_reference,
           battery=({"d": 16}, {"mask": "bool", "scale": 0.5}, {"mask": "causal", "l_q": 3},
-                   {"h": 4, "h_kv": 2, "mask": "bool"}, *TILE_TAILS, *MODEL_LAYOUTS)),
-    _prop("attn_bool_mask", "a boolean mask (True = may attend) is honoured: output equals the "
-          "reference and keys masked for every query have no influence at all",
-          K.check_mask, masks=("bool", "columns", "band", "batch_bool"),
+                   {"h": 4, "h_kv": 2, "mask": "bool"}, *TILE_TAILS, *MODEL_LAYOUTS,
+                   *BIG_SHAPES)),
+    _prop("attn_bool_mask", "a boolean mask (True = may attend) is honoured in every shape SDPA "
+          "broadcasts ([L_q, L_k], [1, 1, L_q, L_k], [B, 1, L_q, L_k], [B, H, L_q, L_k], …), "
+          "expanded with stride 0 or sliced: output equals the reference and keys masked for "
+          "every query have no influence at all",
+          K.check_mask, masks=PATTERNS, mask_types=("bool",),
           battery=({"mask": "bool"}, {"mask": "columns", "l_k": 9}, {"mask": "band"},
-                   MODEL_LAYOUTS[0])),
-    _prop("attn_additive_mask", "an additive float mask is added to the scores (-inf masks)",
-          K.check_mask, masks=("additive",), battery=({"mask": "additive"},)),
+                   MODEL_LAYOUTS[0], *mask_battery("bool"))),
+    _prop("attn_additive_mask", "an additive float mask is added to the scores (-inf masks) in "
+          "every shape SDPA broadcasts, expanded with stride 0 or sliced", K.check_mask,
+          masks=PATTERNS, mask_types=("additive",),
+          battery=({"mask": "additive"}, *mask_battery("additive"))),
     _prop("attn_causal", "is_causal=True is top-left aligned: query i attends keys j ≤ i, "
           "also when L_q ≠ L_k", K.check_reference, masks=("causal",),
           battery=({"mask": "causal", "l_q": 3, "l_k": 6}, {"mask": "causal", "l_q": 6, "l_k": 3},
                    {"mask": "causal", "l_q": 5, "l_k": 5})),
-    _prop("attn_padding", "a key padding mask [B, 1, 1, L_k]: padded keys are inert and the "
-          "output equals the kernel on the valid keys alone", K.check_padding,
-          masks=("padding",), battery=({"mask": "padding", "l_k": 9},)),
+    _prop("attn_padding", "a key padding mask [B, 1, 1, L_k] (as given, expanded or sliced): "
+          "padded keys are inert and the output equals the kernel on the valid keys alone",
+          K.check_padding, masks=("padding",), mask_types=("bool",),
+          battery=({"mask": "padding", "l_k": 9},
+                   {"b": 4, "h": 3, "mask": "padding", "l_k": 9, "mask_view": "expanded"})),
     _prop("attn_sliding_window", "a causal sliding-window mask (i − w < j ≤ i) is honoured",
           K.check_mask, masks=("window",),
           battery=({"mask": "window", "l_q": 8, "l_k": 8, "window": 3},)),
-    _prop("attn_fully_masked_row", "a query that may attend no key gets exactly 0 (no NaN); "
-          "the other queries are unchanged", K.check_fully_masked, masks=("fully_masked",),
-          battery=({"mask": "fully_masked"},), universal=False),
+    _prop("attn_fully_masked_row", "a query that may attend no key gets exactly 0 (no NaN), "
+          "whatever the mask's shape, type and view; the other queries are unchanged",
+          K.check_fully_masked, masks=PATTERNS, dead=True,
+          battery=({"mask": "fully_masked"}, *mask_battery("bool", dead=True),
+                   *mask_battery("additive", dead=True)[::2],
+                   {"b": 2, "h": 4, "l_q": 6, "l_k": 6, "mask": "padded_causal", "dead": True,
+                    "mask_view": "expanded"}), universal=False),
     _prop("attn_convex_hull", "each output row lies in the convex hull of the values of the "
           "keys it attends (simplex normalizers)", K.check_convex_hull,
           masks=("none", "bool", "columns"), applies=_needs_simplex, universal=False,
@@ -159,18 +232,19 @@ _ALL = [
           "the output unchanged", K.check_key_permutation,
           masks=("none", "bool", "columns", "padding", "additive"), applies=_not_positional,
           battery=({"mask": "bool", "l_k": 9},)),
-    _prop("attn_gqa", "enable_gqa=True with H_kv < H key/value heads equals repeating them "
-          "(repeat_interleave) and the reference", K.check_gqa, gqa=True,
-          applies=_needs_gqa, battery=({"h": 4, "h_kv": 2}, {"h": 6, "h_kv": 2, "mask": "bool"})),
+    _prop("attn_gqa", "enable_gqa=True with H_kv < H key/value heads (any divisor, groups up "
+          "to 16) equals repeating them (repeat_interleave) and the reference", K.check_gqa,
+          gqa=True, applies=_needs_gqa, battery=GQA_SHAPES),
     _prop("attn_batch_head_independent", "each (batch, head) computed alone equals it "
           "computed inside a batch of very different slices", K.check_batch_head_independent,
           masks=("none", "bool", "causal", "batch_bool"), applies=_not_alibi, min_batch=2,
           battery=({"b": 2, "h": 2}, {"b": 2, "h": 3, "h_kv": 3, "l_q": 5, "l_k": 65,
-                                      "layout": "hf", "mask": "batch_bool"})),
+                                      "layout": "hf", "mask": "batch_bool"},
+                   {"b": 4, "h": 17, "l_q": 3, "l_k": 5})),
     _prop("attn_low_precision", "float16 / bfloat16 outputs match the float64 reference of the "
           "same inputs within the dtype's tolerance plus score rounding", K.check_low_precision,
           masks=("none", "bool", "causal"), dtypes=_low, applies=_needs_low,
-          positive_v=True, max_keys=4096,
+          positive_v=True, max_keys=4096, head_dims=AC.SMALL_HEAD_DIMS,
           battery=({"l_q": 2, "l_k": 4096, "mag": 0.1, "b": 1, "h": 1, "h_kv": 1},
                    {"mask": "bool"})),
     _prop("attn_gradients", "gradients w.r.t. q, k and v equal the float64 eager reference's "
@@ -178,7 +252,9 @@ _ALL = [
           applies=_needs_grad, max_keys=GRADIENT_MAX_KEYS, scale=0.3,
           battery=({"mask": "bool"}, {"mask": "causal", "l_q": 4, "l_k": 6},
                    {"b": 2, "h": 4, "h_kv": 4, "l_q": 9, "l_k": 65, "d": 8, "layout": "hf",
-                    "mask": "batch_bool"})),
+                    "mask": "batch_bool"},
+                   {"b": 3, "h": 4, "h_kv": 2, "l_q": 6, "l_k": 6, "d": 12, "d_v": 20,
+                    "layout": "qkv"})),
 ]
 
 ATTENTION_PROPERTIES: dict[str, Property] = {p.id: p for p in _ALL}

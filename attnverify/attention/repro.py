@@ -38,7 +38,7 @@ def recheck(target: str, prop_id: str, recipe: dict, reference: str = "",
     try:
         a = remote.open_attention(target, params or None, ctx)  # the kernel in its own worker
         if reference:
-            a = dataclasses.replace(a, reference=reference)
+            a = dataclasses.replace(a, reference=reference, reference_by="option")
         ratio = ATTENTION_PROPERTIES[prop_id].check(lift(a), case, ctx)
     except Violation as exc:
         print(f"{target}::{prop_id} violated: {exc.message}")

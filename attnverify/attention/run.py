@@ -70,10 +70,21 @@ def _is_normalizer(name: str) -> bool:
     return name in builtins()
 
 
+#: Lifted properties that hold whatever the kernel does to its scores, a score modification
+#: included: they compare the kernel with itself or watch its calls, never with a normalizer of
+#: the scores given (``finite`` not where the modification can leave a row without a key).
+MOD_INDEPENDENT = ("shape", "finite", "deterministic", "no_mutation", "gradient",
+                   "no_side_effects")
+
+
 def _skip_reason(a: AttentionSpec, prop_id: str) -> str:
-    if a.score_mod is not None:
-        return (f"the kernel applies the {a.score_mod} score modification; the lifting "
-                "(S ↦ α) needs an unmodified kernel (checked by the attn_* properties)")
+    from attnverify.attention.mods import EMPTIES_ROWS
+
+    if a.score_mod is not None and (prop_id not in MOD_INDEPENDENT or (
+            prop_id == "finite" and a.score_mod in EMPTIES_ROWS)):
+        return (f"the kernel applies the {a.score_mod} score modification; this property of "
+                "the lifting (S ↦ α) needs an unmodified kernel (the attn_* properties check "
+                "the modification)")
     if not a.differentiable and prop_id in DIFFERENTIATING:
         return "the kernel has no backward here (declared differentiable=False)"
     return ""
@@ -89,7 +100,8 @@ def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=Non
     spec = _lifted(a, chosen)
     result = TargetResult(target=label or a.target or a.id,
                           claims=list(dict.fromkeys([*chosen, *spec.claims])),
-                          params=dict(a.params))
+                          params=dict(a.params), reference=a.reference or a.normalizer,
+                          reference_owner="checker", attention=kernel_record(a))
     for prop_id, pctx in property_plan(a, spec, chosen, ctx):
         res = run_one(a, chosen, prop_id, pctx, label=result.target)
         result.results.append(res)
@@ -107,6 +119,14 @@ def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=Non
             result.side_effects = side_effects(monitor, dict(a.params))
     result.runtime = dict(getattr(a.fn, "runtime", None) or {})
     return result
+
+
+def kernel_record(a: AttentionSpec) -> dict:
+    """The certificate's ``attention`` record: what the kernel declares it computes and who
+    named the reference its outputs were compared with (docs/INTERFACES.md)."""
+    by = (a.reference_by or "given") if a.reference else "normalizer"
+    return {"normalizer": a.normalizer, "score_mod": a.score_mod,
+            "reference": a.reference or a.normalizer, "reference_by": by}
 
 
 def property_plan(a: AttentionSpec, spec, chosen: list[str], ctx) -> list[tuple[str, object]]:

@@ -67,7 +67,7 @@ def plan(key: tuple):
             what = getattr(exc, "reason", None) or f"raised {exc.remote_type}: {exc}"
             raise UsageError(f"attention target {name!r}: loading it {what}") from None
         if reference:
-            a = dataclasses.replace(a, reference=reference)
+            a = dataclasses.replace(a, reference=reference, reference_by="option")
         wanted = resolve_claims(a, chosen)
         for prop_id, pctx in property_plan(a, _lifted(a, wanted), wanted, ctx):
             out.append((name, a, wanted, prop_id, pctx))
@@ -116,8 +116,10 @@ def _certificate(request):
 
     ctx, _ = plan(_key(config))
     targets: dict[str, TargetResult] = {}
-    for name, claims, res in _RESULTS:
-        targets.setdefault(name, TargetResult(name, list(claims))).results.append(res)
+    for name, claims, res, record in _RESULTS:
+        targets.setdefault(name, TargetResult(name, list(claims), reference=record["reference"],
+                                              reference_owner="checker", attention=record)
+                           ).results.append(res)
     data = report.certificate(list(targets.values()), ctx)
     if paths["json"]:
         report.write_json(paths["json"], data)
@@ -127,11 +129,11 @@ def _certificate(request):
 
 def test_attention_property(attnverify_attention_case):
     """One property of one attention kernel, as ``certify --attention`` runs it."""
-    from attnverify.attention.run import run_one
+    from attnverify.attention.run import kernel_record, run_one
 
     name, a, claims, prop_id, ctx = attnverify_attention_case
     res = run_one(a, claims, prop_id, ctx, label=name)
-    _RESULTS.append((name, claims, res))
+    _RESULTS.append((name, claims, res, kernel_record(a)))
     if res.status == "not_applicable":
         pytest.skip(f"{prop_id} not applicable to {name}: {res.message}")
     if res.status == "not_checked":  # --attnverify-shard: its units are another shard's

@@ -142,6 +142,9 @@ class Property:
     #: a unit runs with ``ctx.unit_dtype`` set to its dtype. ``None``: ``ctx.full_dtypes``.
     #: A property whose cases have a dtype of their own (float64) returns that one.
     dtypes: Callable[[NormalizerSpec, Context], tuple[torch.dtype, ...]] | None = None
+    #: Shrinks a failing case: ``shrink(recheck, case, exc, **options) -> (case, exc)``;
+    #: ``None``: :func:`attnverify.checks.shrink.shrink` (rows of scores).
+    shrink: Callable[..., tuple[Any, BaseException]] | None = None
 
     @property
     def own_dtype(self) -> bool:
