@@ -50,7 +50,9 @@ def open_targets(targets: list[str], params: dict, ctx, *, attention: bool = Fal
         try:
             opened.append((target, opener(target, params, ctx), None))
         except (WorkerFailed, remote.TargetRaised) as exc:
-            opened.append((target, None, _load_failure(target, exc)))
+            failure = _load_failure(target, exc)
+            failure.sandboxes = list(getattr(exc, "sandboxes", []))  # the worker it failed in
+            opened.append((target, None, failure))
     return opened
 
 
@@ -93,7 +95,8 @@ def certify_all(targets: list[str], params: dict, claims, ctx, *, progress=None,
         results = []
         for label, spec, failure in opened:
             if spec is None:
-                result = TargetResult(target=label, claims=[], results=[failure])
+                result = TargetResult(target=label, claims=[], results=[failure],
+                                      sandbox=list(getattr(failure, "sandboxes", [])))
                 if progress is not None:
                     progress(label, failure)
             else:

@@ -26,6 +26,7 @@ Under ``--no-isolation`` the same proxies call an in-process :class:`~attnverify
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import inspect
 import math
@@ -908,10 +909,26 @@ def open_normalizer(target: str, params: dict | None, ctx):
     ``--no-isolation``), as a :class:`~attnverify.spec.NormalizerSpec` whose function, kernel and
     own reference are proxies. Usage errors of the load raise :class:`UsageError`; a worker that
     dies or hangs while loading raises :class:`WorkerFailed`."""
-    from attnverify.spec import Kernel, NormalizerSpec
-
     channel = Channel("normalizer", target, dict(params or {}), timeout_s=ctx.timeout_s,
                       device=ctx.device, isolated=bool(getattr(ctx, "isolation", True)))
+    with _keeps_sandbox(channel):
+        return _open_normalizer(channel, target)
+
+
+@contextlib.contextmanager
+def _keeps_sandbox(channel: Channel):
+    """A load that fails re-raises with what its worker ran under (``exc.sandboxes``), for the
+    certificate of a target that never loaded."""
+    try:
+        yield
+    except BaseException as exc:  # noqa: BLE001 - re-raised
+        exc.sandboxes = list(channel.monitor.sandboxes)
+        raise
+
+
+def _open_normalizer(channel: Channel, target: str):
+    from attnverify.spec import Kernel, NormalizerSpec
+
     d = _described(channel)
     _check_normalizer_description(channel, d)
     fn = RemoteFunction(channel, "target", d["id"], d["params"], d["signature"])
@@ -1073,7 +1090,8 @@ def open_attention(target: str, params: dict | None, ctx):
 
     channel = Channel("attention", target, dict(params or {}), timeout_s=ctx.timeout_s,
                       device=ctx.device, isolated=bool(getattr(ctx, "isolation", True)))
-    values = _attention_values(channel, _described(channel), target)
+    with _keeps_sandbox(channel):
+        values = _attention_values(channel, _described(channel), target)
     channel.timeout_s += values["compile_s"]  # it compiles on first use
     fn = RemoteAttentionFunction(channel, values["id"])
     d = channel.description

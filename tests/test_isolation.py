@@ -357,6 +357,8 @@ def test_a_forged_description_fails_the_target(capsys, tmp_path, monkeypatch, mo
     (load,) = target["results"]
     assert load["property"] == "load" and fragment in load["message"], load["message"]
     assert list(marker.iterdir()) == [], "the checker imported the target's file"
+    # the worker it failed in is on record (not "no worker process was started")
+    assert target["sandbox"] and target["sandbox"] == data["sandbox"]
 
 
 def test_the_target_string_is_the_checkers(capsys, tmp_path, monkeypatch):

@@ -88,7 +88,8 @@ def _certify_opened(args, targets, params, claims, ctx, xfails) -> int:
     results = []
     for (label, _, failure), spec in zip(opened, specs):
         if spec is None:
-            results.append(TargetResult(target=label, claims=[], results=[failure]))
+            results.append(TargetResult(target=label, claims=[], results=[failure],
+                                        sandbox=list(getattr(failure, "sandboxes", []))))
             continue
         results.append(certify_attention(spec, claims, ctx, label=label, progress=progress))
         close(spec)
