@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _draws_independent_of_loaded_modules():
+def _draws_independent_of_loaded_modules(request):
     """Every test draws with Hypothesis's pool of constants from loaded local modules empty
     (attnverify.runconfig.seeded_generation, as certify's and falsify's searches do): a test's
     examples then depend on its seed and strategy alone, not on which fixture modules earlier
@@ -36,5 +36,8 @@ def _draws_independent_of_loaded_modules():
     it after test_isolation had loaded tests/fixtures/*.py)."""
     from attnverify.runconfig import seeded_generation
 
+    if request.node.get_closest_marker("local_constants"):  # a test of that pool itself
+        yield
+        return
     with seeded_generation():
         yield

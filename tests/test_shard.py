@@ -368,6 +368,7 @@ def _draws(tmp_path, guard, label: str) -> tuple[list, list]:
         sys.modules.pop(name, None)
 
 
+@pytest.mark.local_constants
 def test_the_cases_do_not_depend_on_the_modules_loaded(tmp_path):
     """Hypothesis mixes constants from the source of the local modules loaded in the process
     into its draws; a shard, an unsharded run and a pytest session load different ones.
