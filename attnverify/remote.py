@@ -218,18 +218,9 @@ atexit.register(_ZYGOTE.close)
 
 
 def _receive(sock: socket.socket, deadline: float) -> dict:
-    """One message by ``deadline`` (``TimeoutError`` after it)."""
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("no answer in time")
-        ready, _, _ = select.select([sock], [], [], min(left, 0.5))
-        if ready:
-            sock.settimeout(max(left, 5.0))
-            try:
-                return wire.receive(sock)
-            finally:
-                sock.settimeout(None)
+    """One whole message by ``deadline`` (``TimeoutError`` after it, however slowly its bytes
+    come)."""
+    return wire.receive(sock, deadline=deadline)
 
 
 # --------------------------------------------------------------------------------------------
@@ -387,9 +378,18 @@ class Channel:
         self.next_id += 1
         message = {**message, "id": self.next_id}
         try:
+            # a worker that stops reading cannot hold the send past the deadline either
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
             wire.send(sock, message, tuple(fds))
+        except TimeoutError:
+            self._discard()
+            raise WorkerFailed(f"exceeded the per-example time limit of {self.timeout_s:g} s "
+                               "(--timeout)") from None
         except OSError:
             raise self._dead() from None
+        finally:
+            if self.sock is not None:
+                self.sock.settimeout(None)
         try:
             reply = _receive(sock, deadline)
         except TimeoutError:

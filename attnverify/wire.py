@@ -117,9 +117,19 @@ def send(sock: socket.socket, message: dict, fds: tuple[int, ...] = ()) -> None:
         sock.sendall(frame)
 
 
-def _read_exact(sock: socket.socket, n: int, fds: list | None = None) -> bytes:
+def _read_exact(sock: socket.socket, n: int, fds: list | None = None,
+                deadline: float | None = None) -> bytes:
+    """``n`` bytes; with ``deadline`` (``time.monotonic()``), ``TimeoutError`` once it passes,
+    however the bytes trickle in (a peer sending one byte at a time gains no time)."""
+    import select
+    import time
+
     chunks, got = [], 0
     while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([sock], [], [], left)[0]:
+                raise TimeoutError("no complete answer in time")
         if fds is not None:
             data, new_fds, _flags, _addr = socket.recv_fds(sock, n - got, 4)
             fds.extend(new_fds)
@@ -132,14 +142,15 @@ def _read_exact(sock: socket.socket, n: int, fds: list | None = None) -> bytes:
     return b"".join(chunks)
 
 
-def receive(sock: socket.socket, *, with_fds: bool = False):
-    """One message (``(message, fds)`` with ``with_fds``). ``EOFError`` when the peer is gone."""
+def receive(sock: socket.socket, *, with_fds: bool = False, deadline: float | None = None):
+    """One message (``(message, fds)`` with ``with_fds``). ``EOFError`` when the peer is gone;
+    ``TimeoutError`` when the whole frame has not arrived by ``deadline``."""
     fds: list | None = [] if with_fds else None
-    head = _read_exact(sock, 4, fds)
+    head = _read_exact(sock, 4, fds, deadline)
     (length,) = struct.unpack(">I", head)
     if length > MAX_FRAME:
         raise ProtocolError(f"a frame of {length} bytes (limit {MAX_FRAME})")
-    message = parse(_read_exact(sock, length, fds))
+    message = parse(_read_exact(sock, length, fds, deadline))
     return (message, fds or []) if with_fds else message
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,21 @@ def test_a_hang_is_stopped_by_the_time_limit(capsys, tmp_path, monkeypatch):
     assert "exceeded the per-example time limit of 3 s" in err["message"]
     assert err["counterexample"]["shape"][-1] >= 3
     assert targets["softmax"]["verdict"] == "certified"
+
+
+def test_an_answer_trickled_byte_by_byte_is_stopped_by_the_time_limit(capsys, tmp_path,
+                                                                       monkeypatch):
+    """The per-example limit holds for the whole answer, not per read: a worker that writes a
+    frame header and then one byte a second on its channel is stopped at the limit."""
+    monkeypatch.setenv("HOSTILE_MARKER", str(tmp_path / "trickled-once"))
+    monkeypatch.setenv("ATTNVERIFY_SANDBOX_WRITABLE", str(tmp_path))
+    start = time.monotonic()
+    code, targets, _ = certificate(capsys, tmp_path, f"{HOSTILE}:trickles_an_answer",
+                                   extra=["--timeout", "3", "--claims", ""])
+    assert code == 1
+    err = first_error(targets[f"{HOSTILE}:trickles_an_answer"])
+    assert "exceeded the per-example time limit of 3 s" in err["message"]
+    assert time.monotonic() - start < 120
 
 
 def test_runaway_allocation_is_an_error_result(capsys, tmp_path):
