@@ -12,6 +12,14 @@ class TargetError(UsageError):
     """A normalizer target could not be resolved or is not usable."""
 
 
+class TargetImportFailed(TargetError):
+    """The target's own code raised while it was imported (its module body, or a module it
+    imports): the target's fault, not bad input. Behind the process boundary it fails that
+    target's ``load`` (exit 1, the other targets still checked), like a target that exits or
+    crashes at import; the in-process loader (:func:`attnverify.load_target`) raises it as a
+    :class:`TargetError`."""
+
+
 class WorkerFailed(BaseException):
     """The worker process running the code under test died, hung past the time limit or broke
     the worker protocol (:mod:`attnverify.remote`). A ``BaseException``, so that no search

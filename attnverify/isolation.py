@@ -34,6 +34,8 @@ def _load_failure(label: str, exc: BaseException):
 
     if isinstance(exc, WorkerFailed):
         message = f"loading the target {exc.reason}"
+    elif getattr(exc, "remote_type", None) == "TargetImportFailed":
+        message = f"loading the target failed: {exc}"
     else:
         message = f"loading the target raised {getattr(exc, 'remote_type', type(exc).__name__)}" \
                   f": {exc}"

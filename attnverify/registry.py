@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any
 
-from attnverify.errors import TargetError, UsageError
+from attnverify.errors import TargetError, TargetImportFailed, UsageError
 
 # The record types live in attnverify.spec; they are re-exported here so that
 # ``from attnverify.registry import NormalizerSpec`` keeps working.
@@ -118,9 +118,11 @@ def _import_module(name: str):
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
-        raise TargetError(f"module {name!r} not found ({_one_line(exc)})") from None
-    except Exception as exc:  # noqa: BLE001
-        raise TargetError(f"importing module {name!r} failed: {_one_line(exc)}") from None
+        if exc.name == name or name.startswith(f"{exc.name}."):  # the target itself is missing
+            raise TargetError(f"module {name!r} not found ({_one_line(exc)})") from None
+        raise TargetImportFailed(f"importing module {name!r} failed: {_one_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - the target's own code raised
+        raise TargetImportFailed(f"importing module {name!r} failed: {_one_line(exc)}") from None
 
 
 def _import_file(path: str):
@@ -134,9 +136,9 @@ def _import_file(path: str):
     sys.modules[mod_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - the target's own code raised
         sys.modules.pop(mod_name, None)
-        raise TargetError(f"importing file {path!r} failed: {_one_line(exc)}") from None
+        raise TargetImportFailed(f"importing file {path!r} failed: {_one_line(exc)}") from None
     return module
 
 

@@ -301,8 +301,13 @@ class Channel:
         if not self.isolated:
             from attnverify.worker import Server
 
+            from attnverify.errors import TargetImportFailed
+
             self.local = Server()
-            describe = self.local.load(dict(self.load_message))
+            try:
+                describe = self.local.load(dict(self.load_message))
+            except TargetImportFailed as exc:  # as behind the boundary: the target's failure
+                raise TargetRaised(type(exc).__name__, str(exc)) from None
         else:
             self.pid, self.sock, sandbox = zygote().fork(memory_limit=self.device == "cpu")
             self.monitor.pids.append(self.pid)

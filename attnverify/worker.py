@@ -714,9 +714,11 @@ def serve(sock: socket.socket) -> None:
 
 
 def _is_usage(exc: BaseException) -> bool:
-    from attnverify.errors import UsageError
+    """Bad input (a target that cannot be found, a bad parameter), not the target's own code
+    raising at import (:class:`~attnverify.errors.TargetImportFailed`: a failure of that target)."""
+    from attnverify.errors import TargetImportFailed, UsageError
 
-    return isinstance(exc, UsageError)
+    return isinstance(exc, UsageError) and not isinstance(exc, TargetImportFailed)
 
 
 def _answer(server: Server, arena, message: dict) -> dict:

@@ -334,3 +334,17 @@ def test_plugin_rejects_an_xfails_entry_that_matches_nothing(pytester):
     assert result.ret != 0
     assert "'softmax::no_such_property'" in str(result.stdout) + str(result.stderr)
     assert "matches no test id" in str(result.stdout) + str(result.stderr)
+
+
+def test_a_target_raising_at_import_fails_alone(capsys, tmp_path):
+    """The target's own code raising while it is imported fails that target's load (exit 1);
+    the other targets are checked and the certificate written. A target that cannot be found is
+    bad input (exit 2)."""
+    broken = f"{FIXTURES / 'broken_import.py'}:fn"
+    code, targets, _ = certificate(capsys, tmp_path, "softmax", broken)
+    assert code == 1
+    assert targets["softmax"]["verdict"] == "certified"
+    (load,) = targets[broken]["results"]
+    assert load["property"] == "load" and "RuntimeError: boom at import" in load["message"]
+    code, out, err = run(capsys, "certify", f"{FIXTURES / 'no_such_file.py'}:fn", *FAST)
+    assert code == 2 and "file not found" in err
