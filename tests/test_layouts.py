@@ -408,6 +408,15 @@ def test_a_kernel_with_declared_restrictions_is_certified_for_them():
     assert "certified for: contiguous, offset layouts only; the last axis only" in table
 
 
+def test_contiguous_alone_is_never_given_an_offset():
+    """A row taken out of its batch (batch_independent, mask_zero, …) reaches a kernel that
+    declares "contiguous" alone as a block at offset 0, like every other input."""
+    res = certify_target(target("at_origin_declared"), None, CTX)
+    assert res.verdict == "certified", [(r.property, r.message) for r in res.results
+                                        if r.status != "holds"]
+    assert res.to_json()["coverage"]["layouts"] == ["contiguous"]
+
+
 def test_a_kernel_declaring_a_view_and_an_offset_is_certified_on_the_two_together():
     spec = target("transposed_declared")
     res = certify_target(spec, None, CTX)

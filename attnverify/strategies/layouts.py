@@ -314,10 +314,16 @@ def _gaps(span: int, dtype: torch.dtype, device: str) -> torch.Tensor:
 def present(rows: torch.Tensor, layout: Layout) -> torch.Tensor:
     """The ``[R, L]`` ``rows`` given as ``layout`` (fitted to ``R`` and ``L``): a view with the
     layout's sizes, strides and storage offset into a fresh buffer. Differentiable; the plain
-    layout returns ``rows`` itself."""
+    layout returns ``rows`` itself when they are a contiguous block at offset 0, else a copy that
+    is."""
     count, length = rows.shape
     layout = layout.fit(count, length)
     if layout.plain:
+        # the plain layout is a contiguous block at offset 0: rows that are a view of something
+        # larger (a row sliced from its batch) would otherwise reach the normaliser at an offset
+        # a kernel declaring only "contiguous" never agreed to
+        if rows.storage_offset() or not rows.is_contiguous():
+            return rows.clone(memory_format=torch.contiguous_format)
         return rows
     axis, rank = layout.axis, layout.rank
     base = [1 if a in layout.expand else layout.sizes[a] for a in range(rank)]
