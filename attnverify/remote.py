@@ -1049,6 +1049,16 @@ def _check_normalizer_description(channel: Channel, d: dict) -> None:
                       f"({_short(d.get(bad[0]))})")
     if d["kernel"] is not None:
         d["kernel"] = {"formula": d["kernel"].get("formula", "")}
+    # parameters crossed as JSON: a non-finite default (cap=inf) arrived as "inf", and means
+    # the number here as in the worker (which reads call arguments the same way)
+    d["params"] = {k: _number(v) for k, v in d["params"].items()}
+    if isinstance(d["reference"], dict) and isinstance(d["reference"].get("params"), dict):
+        d["reference"]["params"] = {k: _number(v) for k, v in d["reference"]["params"].items()}
+
+
+def _number(value):
+    """A parameter value as the worker meant it: ``"inf"``, ``"-inf"``, ``"nan"`` are numbers."""
+    return float(value) if isinstance(value, str) and value in ("inf", "-inf", "nan") else value
 
 
 def _short(value, limit: int = 80) -> str:

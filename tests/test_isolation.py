@@ -371,3 +371,14 @@ def test_the_target_string_is_the_checkers(capsys, tmp_path, monkeypatch):
     assert target["target"] == f"{FORGED}:uniform"
     ref = failed(data)["matches_reference"]
     assert f"attnverify repro {FORGED}:uniform " in ref["counterexample"]["repro"]
+
+
+def test_a_non_finite_parameter_default_crosses_as_a_number(capsys, tmp_path):
+    """cap=inf crosses the boundary as JSON ("inf") and reaches the reference the user gave
+    (evaluated in the checker) as the number, not as text."""
+    users = FIXTURES / "user_normalizers.py"
+    code, data = certify(capsys, tmp_path, f"{users}:capped_softmax", "--reference",
+                         f"{users}:capped_reference")
+    assert code == 0, failed(data)
+    (target,) = data["targets"]
+    assert target["params"] == {"cap": "inf"}  # the JSON encoding of every certificate
