@@ -315,6 +315,14 @@ def test_an_entry_hiding_every_failure_of_a_run_is_exit_2(capsys, tmp_path):
     assert "matches every test id of this run" in err and "xfails.txt:1" in err
 
 
+def test_an_entry_hiding_every_failure_of_one_target_is_exit_2(capsys, tmp_path):
+    """`TARGET::*` on a run of that target alone hides everything it could report."""
+    xf = tmp_path / "xfails.txt"
+    xf.write_text("softmax::*\n")
+    err = usage(capsys, "certify", "softmax", *FAST, "--xfails", xf)
+    assert "matches every test id of this run" in err
+
+
 def test_xfails_patterns_match_whole_ids():
     from attnverify.xfails import matches
 
