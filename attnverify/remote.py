@@ -541,7 +541,7 @@ class Channel:
             self._fail("reported side effects that are not a list of text")
         scores = self._scores(tensors, fn)
         for what in effects:
-            self.monitor.effects.append(Event(what[:300], op, heartbeat.current_case(),
+            self.monitor.effects.append(Event(printable(what, 300), op, heartbeat.current_case(),
                                               self.monitor.calls, scores))
 
     def _scores(self, tensors: list, fn) -> torch.Tensor | None:
@@ -552,7 +552,7 @@ class Channel:
 
     def _raise(self, reply: dict, op: str, tensors: list, fn):
         kind = reply.get("kind")
-        text, name = str(reply.get("message", ""))[:600], str(reply.get("type", ""))[:80]
+        text, name = printable(reply.get("message", "")), printable(reply.get("type", ""), 80)
         index = reply.get("index")
         if index is not None and (type(index) is not int or not 0 <= index < len(tensors)):
             self._fail("answered with a call index out of range")
@@ -1049,11 +1049,27 @@ def _check_normalizer_description(channel: Channel, d: dict) -> None:
                       f"({_short(d.get(bad[0]))})")
     if d["kernel"] is not None:
         d["kernel"] = {"formula": d["kernel"].get("formula", "")}
+    for key in ("id", "citation", "source", "description"):
+        if isinstance(d.get(key), str):
+            d[key] = printable(d[key])
+    if d["kernel"] is not None:
+        d["kernel"]["formula"] = printable(d["kernel"]["formula"])
+    d["runtime"] = {printable(k): printable(v) for k, v in d["runtime"].items()}
+    if isinstance(d["reference"], dict) and isinstance(d["reference"].get("label"), str):
+        d["reference"]["label"] = printable(d["reference"]["label"])
     # parameters crossed as JSON: a non-finite default (cap=inf) arrived as "inf", and means
     # the number here as in the worker (which reads call arguments the same way)
     d["params"] = {k: _number(v) for k, v in d["params"].items()}
     if isinstance(d["reference"], dict) and isinstance(d["reference"].get("params"), dict):
         d["reference"]["params"] = {k: _number(v) for k, v in d["reference"]["params"].items()}
+
+
+def printable(text: str, limit: int = 600) -> str:
+    """Text the worker sent, safe to print and to write: every character that is not printable
+    (newlines, escape sequences, direction overrides) becomes a space, so that nothing the code
+    under test writes can forge a line of the report (``verdict: … CERTIFIED``)."""
+    text = "".join(c if c.isprintable() else " " for c in str(text)[: limit * 2])
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _number(value):
@@ -1110,7 +1126,9 @@ def open_attention(target: str, params: dict | None, ctx):
     channel.timeout_s += values["compile_s"]  # it compiles on first use
     fn = RemoteAttentionFunction(channel, values["id"])
     d = channel.description
-    fn.runtime = d.get("runtime") if isinstance(d.get("runtime"), dict) else {}
+    runtime = d.get("runtime") if isinstance(d.get("runtime"), dict) else {}
+    fn.runtime = {printable(k, 80): printable(v) for k, v in list(runtime.items())[:20]
+                  if isinstance(k, str) and isinstance(v, str)}
     return AttentionSpec(fn=fn, **values)
 
 
@@ -1132,7 +1150,8 @@ def _attention_values(channel: Channel, d: dict, target: str) -> dict:
     if problem:
         channel._discard()
         raise WorkerFailed(f"gave a description attnverify cannot use: {problem}")
-    values = {name: d[name] for name in FIELDS}
+    values = {name: printable(d[name]) if isinstance(d[name], str) and name in
+              ("id", "description", "source", "unavailable") else d[name] for name in FIELDS}
     values.update(params=dict(d["params"]), dtypes=tuple(getattr(torch, n) for n in d["dtypes"]),
                   claims=None if d["claims"] is None else tuple(d["claims"]),
                   compile_s=float(d["compile_s"]),

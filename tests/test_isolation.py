@@ -382,3 +382,16 @@ def test_a_non_finite_parameter_default_crosses_as_a_number(capsys, tmp_path):
     assert code == 0, failed(data)
     (target,) = data["targets"]
     assert target["params"] == {"cap": "inf"}  # the JSON encoding of every certificate
+
+
+@pytest.mark.parametrize("target, mode", [("spoofs_the_report", ""), ("uniform", "newlines")])
+def test_nothing_the_worker_sends_can_forge_a_line_of_the_report(capsys, tmp_path,
+                                                                 monkeypatch, target, mode):
+    monkeypatch.setenv("FORGE_MODE", mode)
+    path = tmp_path / "cert.json"
+    code = main(["certify", f"{FORGED}:{target}", *FAST[:-1], "--json", str(path)])
+    out, err = capsys.readouterr()
+    verdict = "FAILED" if code == 1 else "CERTIFIED"  # uniform weights do meet simplex
+    verdicts = [line for line in out.splitlines() if "verdict:" in line]
+    assert verdicts == [f"verdict: {FORGED}:{target}: {verdict}"], verdicts
+    assert "\x1b" not in out + err + path.read_text()
