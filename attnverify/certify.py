@@ -297,11 +297,11 @@ def side_effects(monitor, params: dict, limit: int = 8) -> list[dict[str, Any]]:
     for event in monitor.effects[:limit]:
         entry: dict[str, Any] = {"what": event.what, "op": event.op, "call": event.call,
                                  "case": None}
-        case = event.case
-        if hasattr(case, "_replace") and "scores" in getattr(case, "_fields", ()):
+        from attnverify.checks.universal import event_case
+
+        case = event_case(event)
+        if case is not None:
             try:
-                if isinstance(event.input, torch.Tensor):
-                    case = case._replace(scores=event.input)
                 entry["case"] = encode_case(case, params)
             except Exception:  # noqa: BLE001 - a record, not a check
                 entry["case"] = None
@@ -582,7 +582,9 @@ def _exact_and_minimal(prop: Property, spec, ctx, case, exc):
     (:mod:`attnverify.checks.shrink`), re-checked as the repro will re-check it."""
     given = getattr(exc, "input", None)
     fields = getattr(case, "_fields", ())
-    if prop.verify is not None and isinstance(given, torch.Tensor) and "scores" in fields:
+    if getattr(exc, "case", None) is not None:  # the failure is another case's (an earlier call)
+        case = exc.case
+    elif prop.verify is not None and isinstance(given, torch.Tensor) and "scores" in fields:
         case = case._replace(scores=given.detach().clone())
     if not isinstance(exc, (Violation, NormalizerError)):
         return case, exc, True

@@ -225,7 +225,10 @@ def _layout(value: Any, data: dict[str, Any]):
     except ValueError as exc:
         raise UsageError(f"bad layout in the case: {exc}") from None
     shape = data.get("shape")
-    if isinstance(shape, list) and len(shape) == 2 and (layout.rows, layout.length) != tuple(shape):
+    if not (isinstance(shape, list) and len(shape) == 2):
+        raise UsageError(f"bad layout in the case: its scores must be rows [R, L], not shape "
+                         f"{shape!r}")
+    if (layout.rows, layout.length) != tuple(shape):
         raise UsageError(f"bad layout in the case: it gives {layout.rows} rows of "
                          f"{layout.length}, but the scores have shape {shape}")
     return layout

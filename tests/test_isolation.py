@@ -395,3 +395,31 @@ def test_nothing_the_worker_sends_can_forge_a_line_of_the_report(capsys, tmp_pat
     verdicts = [line for line in out.splitlines() if "verdict:" in line]
     assert verdicts == [f"verdict: {FORGED}:{target}: {verdict}"], verdicts
     assert "\x1b" not in out + err + path.read_text()
+
+
+def test_a_side_effect_on_a_view_reproduces(capsys, tmp_path):
+    """A side effect seen on a large input given as a view is reported on the case of rows that
+    call was made on, in its layout, and the repro line re-checks it (exit 1), not a traceback."""
+    import shlex
+
+    code, data = certify(capsys, tmp_path, f"{TAMPERERS}:threads_on_large_inputs",
+                         "--reference", "softmax", "--claims", "simplex")
+    assert code == 1
+    effect = failed(data)["no_side_effects"]
+    assert "thread count changed" in effect["message"]
+    ce = effect["counterexample"]
+    assert len(ce["shape"]) == 2
+    done = subprocess.run(shlex.split(ce["repro"]), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "thread count changed" in done.stdout
+
+
+def test_a_repro_case_whose_layout_does_not_fit_its_scores_is_exit_2(capsys):
+    case = ('{"case":"RowCase","scores":[[[0.0]]],"dtype":"float32","shape":[1,1,1],'
+            '"temperature":null,"kind":"gaussian","seed":0,"layout":{"sizes":[1,1],'
+            '"strides":[1,1],"storage_offset":0,"dim":-1,"order":[0,1],"step":[1,1],'
+            '"expand":[],"kinds":["contiguous"],"text":"x"},"params":{}}')
+    code = main(["repro", "softmax", "--property", "shape", "--case", case])
+    out, err = capsys.readouterr()
+    assert code == 2 and "rows [R, L]" in err and "Traceback" not in out + err

@@ -33,13 +33,16 @@ class Violation(AssertionError):
     """
 
     def __init__(self, message: str, *, observed: float, bound: float, ratio: float,
-                 input: torch.Tensor | None = None, **details):
+                 input: torch.Tensor | None = None, case: Any = None, **details):
         super().__init__(message)
         self.message = message
         self.observed = float(observed)
         self.bound = float(bound)
         self.ratio = float(ratio)
         self.input = input
+        #: The whole case that failed when it is another than the one being checked (a side
+        #: effect seen on an earlier call); ``None``: the case being checked.
+        self.case = case
         self.details = details
 
 

@@ -516,16 +516,33 @@ def recorded_cases(spec, ctx) -> list:
     monitor = monitor_of(spec)
     out, seen = [], set()
     for event in (monitor.effects if monitor is not None else []):
-        case = event.case
-        scores = event.input
-        if scores is None or not hasattr(case, "_replace") or "scores" not in case._fields:
+        case = event_case(event)
+        if case is None:
             continue
+        scores = case.scores
         key = (tuple(scores.shape), str(scores.dtype), scores.flatten()[:64].tolist().__repr__())
         if key in seen:
             continue
         seen.add(key)
-        out.append(case._replace(scores=scores))
+        out.append(case)
     return out[:8]
+
+
+def event_case(event):
+    """The case a worker's report (:class:`attnverify.remote.Event`) is about, as a case a repro
+    rebuilds: the case in flight with the scores of the call where they are its rows (a check
+    that called the normaliser on rows it built, a single row say, gave those), else the case in
+    flight itself (the call was on its rows in its layout); ``None`` without a case of rows."""
+    case, scores = event.case, event.input
+    if not hasattr(case, "_replace") or "scores" not in getattr(case, "_fields", ()):
+        return None
+    if not isinstance(scores, torch.Tensor) or scores.dim() != 2:
+        return case  # the call was on the case's rows as its layout gives them
+    if tuple(scores.shape) == tuple(case.scores.shape) and torch.equal(
+            scores.nan_to_num(0.0, 1.0, -1.0), case.scores.nan_to_num(0.0, 1.0, -1.0)):
+        return case
+    fields = case._fields
+    return case._replace(scores=scores, **({"layout": None} if "layout" in fields else {}))
 
 
 def check_no_side_effects(spec, case, ctx) -> float:
@@ -538,7 +555,7 @@ def check_no_side_effects(spec, case, ctx) -> float:
         raise Violation(f"a call of the normalizer ({event.op} request, call {event.call} of the "
                         f"run) changed the global state: {event.what} (the worker restored it)",
                         observed=len(monitor.effects), bound=0, ratio=math.inf,
-                        changes=[e.what for e in monitor.effects[:8]], input=event.input)
+                        changes=[e.what for e in monitor.effects[:8]], case=event_case(event))
     return 0.0
 
 
