@@ -121,6 +121,8 @@ def _import_module(name: str):
         if exc.name == name or name.startswith(f"{exc.name}."):  # the target itself is missing
             raise TargetError(f"module {name!r} not found ({_one_line(exc)})") from None
         raise TargetImportFailed(f"importing module {name!r} failed: {_one_line(exc)}") from None
+    except UsageError:  # a declaration refused by attnverify's own API at import: bad input
+        raise
     except Exception as exc:  # noqa: BLE001 - the target's own code raised
         raise TargetImportFailed(f"importing module {name!r} failed: {_one_line(exc)}") from None
 
@@ -136,6 +138,9 @@ def _import_file(path: str):
     sys.modules[mod_name] = module
     try:
         spec.loader.exec_module(module)
+    except UsageError:  # a declaration refused by attnverify's own API at import: bad input
+        sys.modules.pop(mod_name, None)
+        raise
     except Exception as exc:  # noqa: BLE001 - the target's own code raised
         sys.modules.pop(mod_name, None)
         raise TargetImportFailed(f"importing file {path!r} failed: {_one_line(exc)}") from None
