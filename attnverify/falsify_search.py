@@ -91,10 +91,13 @@ MAX_PAD_FACTOR = 15
 #: Shares of the evaluations left: the battery's cap, then the strata's (the polish gets the rest).
 BATTERY_SHARE = 0.4
 STRATA_SHARE = 0.5
-#: Polish: evaluations per start (at least), groups of keys moved together, distinct cases kept
-#: per stratum, the splits ``k`` tried on a tied start, and what counts as nearly tied (the
-#: spread of the live logits against their largest magnitude).
+#: Polish: evaluations per start (at least), evaluations without a better case after which a
+#: start is left (at least; three simplex sizes: a plateau of equal margins, a local maximum),
+#: groups of keys moved together,
+#: distinct cases kept per stratum, and what counts as nearly tied (the spread of the live
+#: logits against their largest magnitude).
 POLISH_MIN_EVALS = 40
+POLISH_PATIENCE = 12
 POLISH_GROUPS = 8
 TOP_PER_STRATUM = 3
 NEAR_TIE = 0.1
@@ -254,7 +257,9 @@ class StratumRecord:
     stratum: Stratum
     evaluations: int = 0
     best: Evaluation | None = None
-    #: The best few cases of distinct shapes (:func:`signature`), best first: the polish's starts.
+    #: The best few distinct cases, best first: the polish's starts. Distinct: another shape or
+    #: decade of a/T (:func:`signature`) and another margin (a plateau of equal margins, such as
+    #: ties of every scale holding with equality, counts once).
     top: list[Evaluation] = field(default_factory=list)
 
     def consider(self, ev: Evaluation) -> None:
@@ -265,7 +270,8 @@ class StratumRecord:
         if ev.undefined:
             return
         sig = signature(ev.case)
-        same = next((i for i, other in enumerate(self.top) if signature(other.case) == sig), None)
+        same = next((i for i, other in enumerate(self.top)
+                     if signature(other.case) == sig or _level(other) == _level(ev)), None)
         if same is not None:
             if _key(ev) <= _key(self.top[same]):
                 return
@@ -284,15 +290,24 @@ class StratumRecord:
                 else number(best.margin)}
 
 
+def _level(ev: Evaluation) -> float:
+    """The merit rounded to 9 significant digits: cases on one plateau share it."""
+    m = merit(ev)
+    return float(f"{m:.9g}") if math.isfinite(m) else m
+
+
 def signature(case: FalsifyCase) -> tuple:
-    """The shape of a case, whatever its scale: unmasked and padded lengths, and the levels of
-    the live logits over their largest magnitude (to 0.1) with their counts (up to six levels;
-    more read as "many"). Two ties, or two two-level rows with the same counts, share one."""
+    """The shape of a case and the decade of its a/T: unmasked and padded lengths, the decade
+    (log10 a/T rounded), and the levels of the live logits over their largest magnitude (to 0.1)
+    with their counts (up to six levels; more read as "many"). Two ties of a similar scale, or
+    two such two-level rows with the same counts, share one; the same shape a decade apart
+    does not (a start's scale decides where the polish can climb)."""
     live = case.scores[torch.isfinite(case.scores)]
     head = (int(live.numel()), int(case.scores.numel()))
     top = float(live.abs().max()) if live.numel() else 0.0
     if top == 0.0:
         return head + ("zero",)
+    head += (round(math.log10(scale_of(case))),)
     levels, counts = torch.unique(torch.round(live / top * 10.0), return_counts=True)
     if len(levels) > 6:
         return head + ("many",)
@@ -825,18 +840,24 @@ def near_tie(case: FalsifyCase) -> bool:
 
 
 def splits(case: FalsifyCase) -> list[tuple[str, torch.Tensor, list[float]]]:
-    """Two-level splits of a row of L live keys: ``(kind, groups, levels)`` with ``k`` keys up
-    (``+1``) and ``L − k`` down (``−1``), for ``k`` = 1, L/2, L − 1, 2 (distinct, ``1 ≤ k < L``),
-    the keys taken in the order of the start's logits (largest up)."""
+    """Two-level splits of a (nearly) tied row of L live keys, as ``(kind, groups, levels)``: for
+    ``k`` = 1, L/2, L − 1, 2 (distinct, ``1 ≤ k < L``), ``k`` keys in one group and ``L − k`` in
+    the other (the keys taken in the order of the start's logits, largest first), each split two
+    ways: ``split_k`` starts both groups at the tie's level (the polish then moves them apart by
+    a little: a tie perturbed), ``spread_k`` starts them at ``+1`` and ``−1`` (k keys at ``+a``,
+    the rest at ``−a``)."""
     live = case.scores[torch.isfinite(case.scores)]
     n = live.numel()
+    top = float(live.abs().max()) if n else 0.0
+    level = float(live.mean()) / top if top > 0 else 0.0
     order = torch.argsort(live, descending=True, stable=True)
     out = []
     for k in dict.fromkeys((1, n // 2, n - 1, 2)):
         if 1 <= k < n:
             groups = torch.ones(n, dtype=torch.long)
             groups[order[:k]] = 0
-            out.append((f"polish:split_{k}", groups, [1.0, -1.0]))
+            out.append((f"polish:split_{k}", groups, [level, level]))
+            out.append((f"polish:spread_{k}", groups, [1.0, -1.0]))
     return out
 
 
@@ -850,34 +871,49 @@ class Start:
     levels: list[float] | None = None
 
 
-def polish_starts(search: Search) -> list[Start]:
-    """The starts of the polish, in the order tried: round after round over the strata (a stratum
-    whose best case ranks higher first within a round), each stratum giving its next start. A
-    stratum's starts are its best distinct cases (:attr:`StratumRecord.top`), each followed by
-    its two-level splits when it is tied or nearly tied (:func:`near_tie`); a tie itself is not
-    polished (its keys would move together and stay tied)."""
-    queues = []
-    for record in sorted((r for r in search.records if r.top), key=lambda r: -_key(r.top[0])):
-        queue = []
-        for ev in record.top:
-            if ev.fails or not math.isfinite(merit(ev)):
-                continue
-            live = ev.case.scores[torch.isfinite(ev.case.scores)]
-            if len(set(live.tolist())) > 1:  # an exact tie would move as one level
-                queue.append(Start(ev))
-            if near_tie(ev.case):
-                queue += [Start(ev, *split) for split in splits(ev.case)]
-        queues.append(queue)
+def _interleave(lists: list[list]) -> list:
+    """The first item of every list, then the second of every list, and so on."""
     out = []
-    for round_ in range(max((len(q) for q in queues), default=0)):
-        out += [q[round_] for q in queues if round_ < len(q)]
+    for i in range(max((len(x) for x in lists), default=0)):
+        out += [x[i] for x in lists if i < len(x)]
     return out
 
 
+def polish_starts(search: Search) -> list[Start]:
+    """The starts of the polish, in the order tried: round after round over the strata (a stratum
+    whose best case ranks higher first within a round), each stratum giving its next start. A
+    stratum's starts come from its best distinct cases (:attr:`StratumRecord.top`: shapes and
+    scales differ), in turn: each case itself, unless its keys are all tied (they would move as
+    one level), then, for a tied or nearly tied case (:func:`near_tie`), its two-level splits
+    (:func:`splits`)."""
+    queues = []
+    for record in sorted((r for r in search.records if r.top), key=lambda r: -_key(r.top[0])):
+        per_case = []
+        for ev in record.top:
+            if ev.fails or not math.isfinite(merit(ev)):
+                continue
+            own = []
+            live = ev.case.scores[torch.isfinite(ev.case.scores)]
+            if len(set(live.tolist())) > 1:
+                own.append(Start(ev))
+            if near_tie(ev.case):
+                own += [Start(ev, *split) for split in splits(ev.case)]
+            per_case.append(own)
+        queues.append(_interleave(per_case))
+    return _interleave(queues)
+
+
 def run_polish(search: Search) -> None:
+    """Nelder–Mead from each start of :func:`polish_starts` in turn, each with its share of the
+    phase's evaluations and left after :data:`POLISH_PATIENCE` evaluations without a better
+    case; then, where the expression names a count (``n_support``) that changed along the way,
+    the boundary between the best case and the nearest with another count is bisected
+    (:func:`_bisect_boundary`): a bound on a piecewise-constant quantity is tightest where the
+    piece changes, often in a band narrower than any simplex step."""
     from scipy.optimize import minimize
 
     starts = polish_starts(search)
+    counts = sorted(search.ineq.names & DISCRETE)
     for i, start in enumerate(starts):
         left = search.phase_left()
         if left < 2:
@@ -887,30 +923,71 @@ def run_polish(search: Search) -> None:
         shape = _Polish(start.ev.case, search.free_temperature, start.groups, start.levels,
                         start.kind)
         x0, bounds = shape.start()
+        progress = {"best": -math.inf, "since": 0, "seen": []}
+        patience = max(POLISH_PATIENCE, 3 * (len(x0) + 1))
 
-        def objective(x, shape=shape, cap=cap) -> float:
-            if search.evaluations >= cap:
+        def objective(x, shape=shape, cap=cap, progress=progress, patience=patience) -> float:
+            if search.evaluations >= cap or progress["since"] >= patience:
                 raise _Spent()
-            score = merit(search.evaluate(shape.build(x)))
+            ev = search.evaluate(shape.build(x))
+            score = merit(ev)
+            progress["seen"].append((list(x), score, tuple(ev.values.get(n) for n in counts)))
+            if score > progress["best"] + 1e-12:
+                progress["best"], progress["since"] = score, 0
+            else:
+                progress["since"] += 1
             return -score if math.isfinite(score) else 2.0
 
-        simplex = _simplex(x0, bounds)
         try:
             minimize(objective, x0, method="Nelder-Mead", bounds=bounds,
-                     options={"maxfev": cap - search.evaluations, "initial_simplex": simplex,
+                     options={"maxfev": cap - search.evaluations,
+                              "initial_simplex": _simplex(x0, bounds),
                               "xatol": 1e-9, "fatol": 1e-15, "adaptive": len(x0) > 4})
         except _Spent:
             if search.evaluations >= search.phase_cap or search.out_of_time():
                 raise
-            continue
+        if counts:
+            _bisect_boundary(search, shape, progress["seen"], counts)
+
+
+#: Quantities that take integer values: where they change, a bound on them has its edges.
+DISCRETE = frozenset(name for name, q in QUANTITIES.items() if q.count)
+#: Bisection steps on a boundary between two counts (the parameter interval shrinks 2**-steps).
+BOUNDARY_STEPS = 24
+
+
+def _bisect_boundary(search: Search, shape: _Polish, seen: list, counts: list[str]) -> None:
+    """Between the best case a polish start met and the nearest one (in its parameters) whose
+    counts differ, halve the segment :data:`BOUNDARY_STEPS` times, keeping the half whose ends
+    still differ, so both sides of the boundary are evaluated at its edge."""
+    usable = [s for s in seen if math.isfinite(s[1])]
+    if not usable:
+        return
+    best = max(usable, key=lambda s: s[1])
+    other = [s for s in usable if s[2] != best[2]]
+    if not other:
+        return
+    far = min(other, key=lambda s: sum((a - b) ** 2 for a, b in zip(s[0], best[0])))
+    lo, hi = best, far
+    for _ in range(BOUNDARY_STEPS):
+        if search.phase_left() < 1:
+            raise _Spent()
+        mid_x = [(a + b) / 2 for a, b in zip(lo[0], hi[0])]
+        ev = search.evaluate(shape.build(mid_x))
+        mid = (mid_x, merit(ev), tuple(ev.values.get(n) for n in counts))
+        if mid[2] == lo[2]:
+            lo = mid
+        else:
+            hi = mid
 
 
 def _simplex(x0: list[float], bounds) -> list[list[float]]:
-    """A start simplex of steps 0.25 per coordinate, pointing into the box."""
+    """A start simplex of steps 0.25 per level and 0.3 per decade of a/T or T (a factor of 2),
+    pointing into the box."""
     out = [list(x0)]
     for i, (lo, hi) in enumerate(bounds):
         x = list(x0)
-        step = 0.25 * (hi - lo) / 2
+        step = 0.25 if (lo, hi) == (-1.0, 1.0) else 0.3
         x[i] = x[i] + step if x[i] + step <= hi else x[i] - step
         out.append(x)
     return out

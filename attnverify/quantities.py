@@ -167,6 +167,8 @@ class Quantity:
     #: ``"exact"`` (counts, the input's own numbers), ``"rounded"`` (one rounding),
     #: ``"weights"`` (computed by the normalizer), ``"entropy"``, ``"jacobian"``.
     rounding: str = "weights"
+    #: Takes integer values (a count of keys).
+    count: bool = False
 
 
 def _unmasked_weights(case: Case) -> Tensor:
@@ -203,15 +205,15 @@ def _quantities() -> dict[str, Quantity]:
             "L",
             "number of keys the normalizer attends to: unmasked keys (finite logit) only",
             lambda c: int(c.unmasked.sum()),
-            rounding="exact",
+            rounding="exact", count=True,
         ),
         Quantity(
             "L_padded", "row length with the masked keys (-inf) included", lambda c: len(c.row),
-            rounding="exact",
+            rounding="exact", count=True,
         ),
         Quantity(
             "n_unmasked", "number of unmasked keys (the same as L)",
-            lambda c: int(c.unmasked.sum()), rounding="exact",
+            lambda c: int(c.unmasked.sum()), rounding="exact", count=True,
         ),
         Quantity("T", "temperature (1 for a normalizer without one)", lambda c: c.temperature,
                  rounding="exact"),
@@ -255,7 +257,7 @@ def _quantities() -> dict[str, Quantity]:
             "n_support",
             "number of unmasked keys with a nonzero weight",
             lambda c: int((_unmasked_weights(c) != 0).sum()),
-            rounding="exact",
+            rounding="exact", count=True,
         ),
         Quantity(
             "lambda",
