@@ -7,10 +7,10 @@ the attnverify version (:func:`keys`):
 - ``witness``: every case that broke the bound (the first met and the shrunk one), saved the
   moment it is met, so a run that is stopped or interrupted while shrinking keeps it;
 - ``near``: the best cases of a search that found none (the worst case overall and the best of
-  each stratum, at most :data:`MAX_NEAR` kept, highest ratio first), so the next run's polish
+  each stratum, at most :data:`MAX_NEAR` kept, highest margin first), so the next run's polish
   starts where the last one stopped;
 - ``strata``: each stratum's Hypothesis corpus, kept and replayed by Hypothesis itself
-  (Phase.reuse, its Pareto front of the targeted LHS/RHS).
+  (Phase.reuse, its Pareto front of the targeted margin).
 
 A search with a database begins with the **replay** phase: the stored witnesses (at most
 :data:`MAX_REPLAY_WITNESSES`, fewest keys first), then the near cases, each re-evaluated on this
@@ -125,18 +125,21 @@ def keys(label: str, normalized: str, params: dict[str, Any]) -> tuple[bytes, by
 
 
 def encode(ev) -> bytes:
-    """A case as stored: exact floats (``float.hex``), temperature, kind, seed and its ratio."""
+    """A case as stored: exact floats (``float.hex``), temperature, kind, seed, its ratio and its
+    margin."""
     case = ev.case
     ratio = ev.ratio if isinstance(ev.ratio, float) and math.isfinite(ev.ratio) else None
+    margin = ev.margin if isinstance(ev.margin, float) and math.isfinite(ev.margin) else None
     entry = {"format": ENTRY_FORMAT, "scores": [float(v).hex() for v in case.scores.tolist()],
              "temperature": None if case.temperature is None else float(case.temperature).hex(),
-             "kind": str(case.kind), "seed": int(case.seed), "ratio": ratio}
+             "kind": str(case.kind), "seed": int(case.seed), "ratio": ratio, "margin": margin}
     return json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
 
 
 def decode(value: bytes, search) -> tuple[Any, float] | None:
-    """``(case, stored ratio)`` of an entry this search can replay, else None: a malformed entry,
-    a row longer than the search's longest, or a temperature the search would not use."""
+    """``(case, stored margin)`` of an entry this search can replay, else None: a malformed
+    entry, a row longer than the search's longest, or a temperature the search would not use.
+    (The stored margin orders the near cases; an entry without one comes last.)"""
     import torch
 
     from attnverify.falsify_search import F64, FalsifyCase
@@ -152,7 +155,7 @@ def decode(value: bytes, search) -> tuple[Any, float] | None:
         t = entry["temperature"]
         t = None if t is None else float.fromhex(t)
         kind, seed = entry["kind"], entry["seed"]
-        ratio = entry.get("ratio")
+        margin = entry.get("margin")
     except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError,
             OverflowError, RecursionError):
         return None
@@ -170,10 +173,10 @@ def decode(value: bytes, search) -> tuple[Any, float] | None:
         return None
     elif search.fixed_temperature is not None and t != search.fixed_temperature:
         return None
-    ratio = float(ratio) if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) \
+    margin = float(margin) if isinstance(margin, (int, float)) and not isinstance(margin, bool) \
         else -math.inf
     case = FalsifyCase(torch.tensor(scores, dtype=F64), t, kind, seed)
-    return case, ratio if math.isfinite(ratio) else -math.inf
+    return case, margin if math.isfinite(margin) else -math.inf
 
 
 def _fetch(shared: Shared, key: bytes, search) -> list[tuple[bytes, Any, float]]:
@@ -190,7 +193,7 @@ def _fetch(shared: Shared, key: bytes, search) -> list[tuple[bytes, Any, float]]
 def replay_cases(shared: Shared, search) -> list:
     """The cases the replay phase evaluates, in order: stored witnesses (fewest unmasked keys,
     then shortest, then by their bytes: the same order in every process), then near cases
-    (highest stored ratio first)."""
+    (highest stored margin first)."""
     import torch
 
     def live(case) -> int:
@@ -239,8 +242,8 @@ def save_near(shared: Shared, search) -> None:
     strata, at most :data:`SAVE_NEAR`), then trim the bound's near cases to :data:`MAX_NEAR`."""
     candidates = [search.worst] + [r.best for r in search.records]
     best = [ev for ev in candidates if ev is not None and not ev.fails and not ev.undefined
-            and math.isfinite(ev.ratio)]
-    best.sort(key=lambda ev: -ev.ratio)
+            and math.isfinite(ev.margin)]
+    best.sort(key=lambda ev: -ev.margin)
     done = set()
     for ev in best:
         value = encode(ev)
@@ -316,7 +319,7 @@ class _Worker:
 def run_workers(args, ctx, params: dict, database_text: str | None) -> tuple[dict, str, int]:
     """Run ``args.workers`` searches (see the module docstring); ``(JSON, console text, exit
     code)`` of the run: the report of the worker that found the witness (else of the one whose
-    worst ratio is highest), with the ``workers`` it ran beside."""
+    worst margin is highest), with the ``workers`` it ran beside."""
     n = args.workers
     with contextlib.ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="attnverify-w-")))
@@ -464,8 +467,8 @@ def _merge(workers: list[_Worker], ctx) -> tuple[dict, str, int]:
         usable = [w for w in workers if (w.result or {}).get("json")]
 
         def rank(w):
-            ratio = w.result["json"]["worst_ratio"]
-            return (-(ratio if isinstance(ratio, (int, float)) else -math.inf), w.index)
+            margin = w.result["json"].get("worst_margin")
+            return (-(margin if isinstance(margin, (int, float)) else -math.inf), w.index)
 
         chosen = min(usable, key=rank) if usable else None
     if found_by is None and errors:

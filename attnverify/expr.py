@@ -21,10 +21,12 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from fractions import Fraction
+from typing import Any, NamedTuple
 
 import torch
 
+from attnverify import intervals as I
 from attnverify.errors import UsageError
 
 FUNCTIONS: dict[str, tuple[Callable[..., torch.Tensor], int]] = {
@@ -67,6 +69,16 @@ def _quote(text: str) -> str:
     return f'"{text}"' if '"' not in text and text.isprintable() else repr(text)
 
 
+def _exactly(text: str, value: float) -> bool:
+    """Whether the double ``value`` is the decimal ``text`` itself (not its nearest double). An
+    overflow or underflow is not; ``Fraction`` only sees exponents a finite, nonzero double can
+    have, so it stays cheap."""
+    mantissa = text.lower().split("e")[0]
+    if value == 0.0:
+        return not any(c in "123456789" for c in mantissa)
+    return math.isfinite(value) and Fraction(text) == Fraction(value)
+
+
 def _fold(op, xs):
     out = xs[0]
     for x in xs[1:]:
@@ -86,25 +98,42 @@ class Token:
 
 
 def tokenize(text: str) -> list[Token]:
-    """Tokens of ``text``, ending with an ``end`` token; a stray character is a usage error."""
+    """Tokens of ``text``, ending with an ``end`` token; a stray character is a usage error.
+
+    Only ASCII whitespace separates tokens (as only ASCII digits and letters make them): any
+    other character, a no-break space included, is named with its code point and column."""
     if len(text) > MAX_LENGTH:
         raise UsageError(f"the expression is {len(text)} characters long; at most {MAX_LENGTH} "
                          "are allowed")
     tokens, pos = [], 0
     while pos < len(text):
-        if text[pos:].strip() == "":
+        if text[pos:].strip(_ASCII_SPACE) == "":
             break
         match = _TOKEN.match(text, pos)
         if match is None or match.lastgroup is None:
-            column = pos + len(text[pos:]) - len(text[pos:].lstrip()) + 1
-            raise UsageError(
-                f"unexpected character {text[column - 1]!r} at column {column} in {_quote(text)}"
-            )
+            column = pos + len(text[pos:]) - len(text[pos:].lstrip(_ASCII_SPACE)) + 1
+            raise UsageError(f"unexpected character {_describe(text[column - 1])} at column "
+                             f"{column} in {_quote(text)}")
         kind = match.lastgroup
         tokens.append(Token(kind, match.group(kind), match.start(kind) + 1))
         pos = match.end()
     tokens.append(Token("end", "", len(text) + 1))
     return tokens
+
+
+#: What ``\s`` matches under ``re.ASCII``: the only whitespace between tokens.
+_ASCII_SPACE = " \t\n\r\f\v"
+
+
+def _describe(char: str) -> str:
+    """``'x'``, or for a character outside printable ASCII its code point and Unicode name:
+    ``'\\xa0' (U+00A0 NO-BREAK SPACE)``."""
+    if char.isascii() and char.isprintable():
+        return repr(char)
+    import unicodedata
+
+    name = unicodedata.name(char, "")
+    return f"{char!r} (U+{ord(char):04X}{' ' + name if name else ''})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -117,6 +146,12 @@ class Node:
     def evaluate(self, values: Mapping[str, Any]) -> torch.Tensor:
         raise NotImplementedError
 
+    def interval(self, values: Mapping[str, float], errors: Mapping[str, float]) -> I.Interval:
+        """Every value the expression may take when each quantity ``q`` lies within
+        ``errors[q]`` of ``values[q]`` (:mod:`attnverify.intervals`; raises
+        :class:`~attnverify.intervals.Singular` where it may have none)."""
+        raise NotImplementedError
+
     def names(self) -> frozenset[str]:
         return frozenset()
 
@@ -124,9 +159,14 @@ class Node:
 @dataclass(frozen=True)
 class Number(Node):
     value: float
+    #: Whether the double ``value`` is the number as written (``0.5``: yes; ``0.1``: its nearest).
+    exact: bool = True
 
     def evaluate(self, values):
         return torch.tensor(self.value, dtype=torch.float64)
+
+    def interval(self, values, errors):
+        return I.exact(self.value) if self.exact else I.nearest(self.value)
 
     def __str__(self):
         text = repr(float(self.value))
@@ -142,6 +182,9 @@ class Name(Node):
             raise KeyError(f"no value for quantity {self.name!r}")
         value = values[self.name]
         return value if torch.is_tensor(value) else torch.tensor(float(value), dtype=torch.float64)
+
+    def interval(self, values, errors):
+        return I.around(float(values[self.name]), float(errors.get(self.name, 0.0)))
 
     def names(self):
         return frozenset({self.name})
@@ -159,6 +202,9 @@ class Constant(Node):
     def evaluate(self, values):
         return torch.tensor(CONSTANTS[self.name], dtype=torch.float64)
 
+    def interval(self, values, errors):
+        return I.nearest(CONSTANTS[self.name])
+
     def __str__(self):
         return self.name
 
@@ -169,6 +215,9 @@ class Negate(Node):
 
     def evaluate(self, values):
         return -self.operand.evaluate(values)
+
+    def interval(self, values, errors):
+        return I.neg(self.operand.interval(values, errors))
 
     def names(self):
         return self.operand.names()
@@ -184,6 +233,7 @@ _BINARY = {
     "/": torch.div,
     "**": torch.pow,
 }
+_INTERVAL_BINARY = {"+": I.add, "-": I.sub, "*": I.mul, "/": I.div, "**": I.power}
 
 
 @dataclass(frozen=True)
@@ -194,6 +244,10 @@ class Binary(Node):
 
     def evaluate(self, values):
         return _BINARY[self.op](self.left.evaluate(values), self.right.evaluate(values))
+
+    def interval(self, values, errors):
+        return _INTERVAL_BINARY[self.op](self.left.interval(values, errors),
+                                         self.right.interval(values, errors))
 
     def names(self):
         return self.left.names() | self.right.names()
@@ -209,6 +263,9 @@ class Call(Node):
 
     def evaluate(self, values):
         return FUNCTIONS[self.function][0](*(a.evaluate(values) for a in self.args))
+
+    def interval(self, values, errors):
+        return I.apply(self.function, *(a.interval(values, errors) for a in self.args))
 
     def names(self):
         return frozenset().union(*(a.names() for a in self.args))
@@ -296,7 +353,9 @@ class _Parser:
     def atom(self) -> Node:
         token = self.token
         if token.kind == "number":
-            return Number(float(self.take().text))
+            text = self.take().text
+            value = float(text)
+            return Number(value, exact=_exactly(text, value))
         if token.kind == "name":
             return self.name_or_call()
         if token.kind == "op" and token.text == "(":
@@ -364,14 +423,61 @@ class _Parser:
 # Public API
 
 
+class Judgement(NamedTuple):
+    """The inequality at one point (:meth:`Inequality.judge`)."""
+
+    lhs: float
+    rhs: float
+    #: ``lhs / rhs`` where ``rhs > 0``; NaN where ``rhs ≤ 0`` (no meaningful ratio) or a side has
+    #: no value.
+    ratio: float
+    #: ``"holds"``, ``"fails"`` or ``"undefined"``.
+    verdict: str
+    #: The signed violation margin (:func:`margin`): ``> 0`` (strict: ``≥ 0``) where the values
+    #: break the bound beyond the tolerance, bounded in ``[−1, 1]``; NaN where a side has no value.
+    margin: float = math.nan
+    #: The values break the bound, but by no more than the rounding of the quantities (and of the
+    #: expression's own arithmetic) can explain: not a violation (``verdict == "holds"``).
+    rounding: bool = False
+
+
+def margin(lhs: float, rhs: float, slack: float = 0.0) -> float:
+    """The signed, scale-free violation margin of ``lhs ≤ rhs + slack``:
+    ``(lhs − rhs − slack) / (|lhs| + |rhs| + slack)``, in ``[−1, 1]``, continuous wherever one of
+    the sides is nonzero, increasing in ``lhs`` and decreasing in ``rhs`` whatever their signs,
+    ``> 0`` exactly when ``lhs > rhs + slack``. For positive sides (and no slack) it is
+    ``(r − 1)/(r + 1)`` of the ratio ``r = lhs/rhs``, so it ranks cases as the ratio does. An
+    infinite side gives ``±1`` (equal infinities 0); NaN where a side is NaN."""
+    if math.isnan(lhs) or math.isnan(rhs):
+        return math.nan
+    if lhs == rhs and (slack == 0.0 or math.isinf(lhs)):
+        return 0.0
+    if math.isinf(lhs) or math.isinf(rhs):
+        return 1.0 if lhs > rhs else -1.0
+    scale = max(abs(lhs), abs(rhs), slack)
+    if scale == 0.0:
+        return 0.0
+    lhs, rhs, slack = lhs / scale, rhs / scale, slack / scale
+    return (lhs - rhs - slack) / (abs(lhs) + abs(rhs) + slack)
+
+
 @dataclass(frozen=True)
 class Inequality:
     """A parsed ``lhs ≤ rhs`` (``strict``: ``lhs < rhs``), as written in ``text``.
 
-    Margin forms: ``violation = lhs − rhs`` (``> 0``, or ``≥ 0`` when strict, means the
-    inequality fails) is defined everywhere; ``ratio = lhs / rhs`` is defined for ``rhs > 0``
-    (``> 1`` means it fails), and for ``rhs ≤ 0`` is ``+inf`` when it fails and ``-inf`` when it
-    holds, so a search that maximises the ratio treats every failure there as the worst.
+    How a case is judged (:meth:`judge`): ``lhs ≤ rhs`` fails when ``lhs > rhs + slack`` with
+    ``slack = atol + rtol·|rhs|``; a strict ``lhs < rhs`` fails when ``lhs ≥ rhs`` (no tolerance:
+    it neither excuses nor convicts). Either is a violation only if it survives the rounding:
+    with each quantity known to ``± errors[q]`` and the expression evaluated in interval
+    arithmetic (:mod:`attnverify.intervals`), the whole interval of ``lhs`` must lie beyond the
+    whole interval of ``rhs`` (``lo(lhs) > hi(rhs) + slack``; strict: ``lo(lhs) ≥ hi(rhs)``).
+    Where an interval meets a point where the expression has no value (``log1p(−sum_weight)``
+    with ``sum_weight`` rounded to 1) the case is undefined, like a side with no value.
+
+    Margin forms: ``violation = lhs − rhs`` (``> 0``, or ``≥ 0`` when strict, means the values
+    break it); :func:`margin` is its signed, scale-free form (what the search climbs);
+    ``ratio = lhs / rhs`` is defined for ``rhs > 0`` (``> 1`` means it breaks) and is NaN for
+    ``rhs ≤ 0``.
     """
 
     text: str
@@ -400,50 +506,56 @@ class Inequality:
         return lhs - rhs
 
     def ratio(self, values: Mapping[str, Any]) -> Any:
-        """``lhs / rhs`` for ``rhs > 0``; ``±inf`` for ``rhs ≤ 0`` (see the class docstring)."""
+        """``lhs / rhs`` for ``rhs > 0``; NaN for ``rhs ≤ 0`` (see the class docstring)."""
         lhs, rhs = self.evaluate(values)
-        return self._ratio(lhs, rhs)
+        if torch.is_tensor(lhs) or torch.is_tensor(rhs):
+            lhs, rhs = (torch.as_tensor(v, dtype=torch.float64) for v in (lhs, rhs))
+            return torch.where(rhs > 0, lhs / rhs, torch.full_like(lhs / rhs, math.nan))
+        return _ratio(lhs, rhs)
 
-    def holds(self, values: Mapping[str, Any], *, rtol: float = 0.0, atol: float = 0.0) -> bool:
-        """Whether ``lhs ≤ rhs + atol + rtol·|rhs|``; strict: ``lhs < rhs − atol − rtol·|rhs|``
-        (the tolerance never lets equality pass a strict inequality: it counts against the
-        claim). NaN never holds."""
-        lhs, rhs = (float(v) for v in self.evaluate(values))
-        return self._holds(lhs, rhs, rtol, atol)
+    def holds(self, values: Mapping[str, Any], *, rtol: float = 0.0, atol: float = 0.0,
+              errors: Mapping[str, float] | None = None) -> bool:
+        """Whether the inequality holds at ``values`` (:meth:`judge`); a side with no value (NaN)
+        never holds."""
+        return self.judge(values, rtol=rtol, atol=atol, errors=errors).verdict == "holds"
 
-    def verdict(self, values: Mapping[str, Any], *, rtol: float = 0.0,
-                atol: float = 0.0) -> str:
+    def verdict(self, values: Mapping[str, Any], *, rtol: float = 0.0, atol: float = 0.0,
+                errors: Mapping[str, float] | None = None) -> str:
         """``"holds"``, ``"fails"`` or ``"undefined"`` at one point. Undefined: every quantity is
-        a number but a side has none (0·log 0, log or sqrt of a negative, 0/0, ∞ − ∞); that is
-        not a violation. A quantity that is NaN (the normalizer's output) fails."""
-        return self.judge(values, rtol=rtol, atol=atol)[3]
+        a number but a side has none (0·log 0, log or sqrt of a negative, 0/0, ∞ − ∞), or only
+        the rounding of the quantities could give it one; that is not a violation. A quantity
+        that is NaN (the normalizer's output) fails."""
+        return self.judge(values, rtol=rtol, atol=atol, errors=errors).verdict
 
-    def judge(self, values: Mapping[str, Any], *, rtol: float = 0.0,
-              atol: float = 0.0) -> tuple[float, float, float, str]:
-        """``(lhs, rhs, ratio, verdict)`` at one point of plain numbers, the tree evaluated once
-        (:meth:`ratio` and :meth:`verdict` in one pass)."""
+    def judge(self, values: Mapping[str, Any], *, rtol: float = 0.0, atol: float = 0.0,
+              errors: Mapping[str, float] | None = None) -> Judgement:
+        """The inequality at one point of plain numbers (the class docstring says how);
+        ``errors`` maps a quantity to how far its exact value may lie from ``values`` (absent:
+        exact). The tree is evaluated once, and in intervals only where the point breaks it."""
         lhs, rhs = (float(v) for v in self.evaluate(values))
-        ratio = float(self._ratio(lhs, rhs))
+        ratio = _ratio(lhs, rhs)
+        slack = 0.0 if self.strict or not math.isfinite(rhs) else atol + rtol * abs(rhs)
+        m = margin(lhs, rhs, slack)
         if any(_is_nan(values[n]) for n in self.names):
-            return lhs, rhs, ratio, "fails"
+            return Judgement(lhs, rhs, ratio, "fails", m)
         if math.isnan(lhs) or math.isnan(rhs):
-            return lhs, rhs, ratio, "undefined"
-        return lhs, rhs, ratio, "holds" if self._holds(lhs, rhs, rtol, atol) else "fails"
+            return Judgement(lhs, rhs, ratio, "undefined", m)
+        if not (m >= 0 if self.strict else m > 0):
+            return Judgement(lhs, rhs, ratio, "holds", m)
+        plain = {n: float(values[n]) for n in self.names}
+        try:
+            left = self.lhs.interval(plain, errors or {})
+            right = self.rhs.interval(plain, errors or {})
+        except I.Singular:
+            return Judgement(lhs, rhs, ratio, "undefined", m)
+        beyond = left[0] >= right[1] if self.strict else left[0] > right[1] + slack
+        if beyond:
+            return Judgement(lhs, rhs, ratio, "fails", m)
+        return Judgement(lhs, rhs, ratio, "holds", m, rounding=True)
 
-    def _ratio(self, lhs, rhs) -> Any:
-        if rhs > 0:
-            return lhs / rhs
-        return math.inf if self._fails(lhs, rhs) else -math.inf
 
-    def _holds(self, lhs: float, rhs: float, rtol: float, atol: float) -> bool:
-        slack = atol + rtol * abs(rhs) if math.isfinite(rhs) else 0.0
-        return not self._fails(lhs, rhs - slack if self.strict else rhs + slack)
-
-    def _fails(self, lhs, rhs) -> bool:
-        lhs, rhs = float(lhs), float(rhs)
-        if math.isnan(lhs) or math.isnan(rhs):
-            return True
-        return lhs >= rhs if self.strict else lhs > rhs
+def _ratio(lhs: float, rhs: float) -> float:
+    return lhs / rhs if rhs > 0 and not math.isnan(lhs) else math.nan
 
 
 def _is_nan(value: Any) -> bool:

@@ -10,12 +10,16 @@ hard the search looked: evaluations per phase, every stratum with its evaluation
 the witness, where and when it was first met, and the time.
 
 A case fails when ``LHS > RHS + atol + rtol·|RHS|`` with the float64 row of the tolerance table;
-a strict ``LHS < RHS`` fails when ``LHS ≥ RHS − atol − rtol·|RHS|`` (equality falsifies it: the
-tolerance never counts for a strict claim); a NaN quantity (the normalizer's output) fails.
-Where the expression itself has no value (0·log 0, log of a negative, 0/0) the case is counted as
-*undefined*, not as a failure, and the first such case is reported. Quantities are defined over
-the unmasked keys (:mod:`attnverify.quantities`). ``--params temperature=…`` fixes T for every
-case. Quantities that need an entry-wise Jacobian limit the row length (:data:`JACOBIAN_MAX_L`).
+a strict ``LHS < RHS`` fails when ``LHS ≥ RHS`` (no tolerance either way); either only beyond
+the rounding of the quantities: in interval arithmetic over each quantity's rounding interval
+(:func:`attnverify.quantities.rounding_errors`), the whole LHS interval must lie past the whole
+RHS interval (:meth:`attnverify.expr.Inequality.judge`). A NaN quantity (the normalizer's
+output) fails. Where the expression itself has no value (0·log 0, log of a negative, 0/0), or
+might have none within the rounding (``log1p(-sum_weight)`` with ``sum_weight`` rounded to 1),
+the case is counted as *undefined*, not as a failure, and the first such case is reported.
+Quantities are defined over the unmasked keys (:mod:`attnverify.quantities`). ``--params
+temperature=…`` fixes T for every case. Quantities that need an entry-wise Jacobian limit the
+row length (:data:`JACOBIAN_MAX_L`).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from attnverify.falsify_search import (
     _Spent,
     evaluate,
     max_length_for,
+    merit,
     run_battery,
     run_polish,
     run_strata,
@@ -80,6 +85,15 @@ class SearchReport:
     first_witness_s: float = 0.0
     first_witness_phase: str = ""
     shrink_evaluations: int = 0
+    #: Cases with a side at ±inf, and whether every case with a value had one (a vacuous bound).
+    infinite: int = 0
+    vacuous: bool = False
+    #: Cases that broke the bound only within the rounding of their quantities, and the first.
+    within_rounding: int = 0
+    rounding_example: Evaluation | None = None
+    #: Set when attnverify's own work on one case (the quantities) took longer than the
+    #: per-example limit of the target's calls: what, in a sentence.
+    checker_overrun: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         first = None
@@ -96,6 +110,11 @@ class SearchReport:
             "strata": [r.to_json() for r in self.strata],
             "first_witness": first,
             "shrink_evaluations": self.shrink_evaluations,
+            "infinite_side": self.infinite,
+            "vacuous": self.vacuous,
+            "within_rounding": self.within_rounding,
+            "rounding_example": None if self.rounding_example is None
+            else self.rounding_example.to_json(),
         }
 
 
@@ -186,7 +205,10 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
         shared.witness_replayed = search.witness_phase == "replay"
     search_s = time.perf_counter() - start
     report = SearchReport(search.budget, search.evaluations, dict(search.by_phase),
-                          search.records, search.stopped, search_s)
+                          search.records, search.stopped, search_s, infinite=search.infinite,
+                          vacuous=search.vacuous(), within_rounding=search.within_rounding,
+                          rounding_example=search.rounding_example)
+    report.checker_overrun = _checker_overrun(search, ctx)
     witness = search.witness
     if witness is not None:
         report.first_witness = witness
@@ -200,7 +222,7 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
     elif shared is not None:
         campaign.save_near(shared, search)
     worst = search.worst
-    if witness is not None and (worst is None or witness.ratio > worst.ratio):
+    if witness is not None and (worst is None or merit(witness) > merit(worst)):
         worst = witness  # the shrunk witness can break the bound by more than the first case
     return FalsifyResult(
         target=label or spec.id, inequality=ineq, falsified=witness is not None,
@@ -213,6 +235,61 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
 
 def _num(v: float) -> Any:
     return number(v)
+
+
+def _checker_overrun(search: Search, ctx: Context) -> str | None:
+    """A sentence when attnverify's own computation on one case took longer than the target's
+    per-example limit (``--timeout``), which only the target's calls are held to."""
+    slow = search.slowest_checker
+    if slow is None or not ctx.isolation or slow[0] <= ctx.timeout_s:
+        return None
+    checker_s, target_s, length = slow
+    return (f"attnverify's own computation of the quantities took {checker_s:.1f}s on one case "
+            f"(L={length}), longer than the per-example limit of the normalizer's calls "
+            f"(--timeout {ctx.timeout_s:g}s), which took {target_s:.1f}s of it: the time is "
+            "attnverify's, not the normalizer's (a lower --max-length shortens it)")
+
+
+def _ratio_json(ev: Evaluation | None) -> Any:
+    """LHS/RHS of a case, or None: no case, or RHS ≤ 0 there (no meaningful ratio)."""
+    return None if ev is None or math.isnan(ev.ratio) else number(ev.ratio)
+
+
+def _margin_json(ev: Evaluation | None) -> Any:
+    return None if ev is None or math.isnan(ev.margin) else number(ev.margin)
+
+
+def _ratio_text(ev: Evaluation) -> str:
+    """``ratio 1.06``, or where RHS ≤ 0 ``margin 0.01 (RHS ≤ 0: no ratio)``."""
+    if math.isnan(ev.ratio):
+        return f"margin {ev.margin:.4g} (RHS <= 0: no ratio)"
+    return f"ratio {ev.ratio:.4g}"
+
+
+def notes(res: FalsifyResult) -> list[str]:
+    """What the verdict alone does not say: no case evaluated, a vacuous bound, cases broken only
+    within rounding, the checker's own time past the per-example limit (console and JSON)."""
+    out = []
+    report = res.search
+    if report is None:
+        return out
+    if report.evaluations == 0:
+        why = {"time": "the time cap (--budget) stopped the search before its first case",
+               "stopped": "another worker's witness stopped it first"}.get(
+            report.stopped, "the budget allowed none")
+        out.append(f"no case was evaluated ({why}): nothing was checked")
+    elif report.vacuous and not res.falsified:
+        out.append(f"vacuous: a side was infinite on every one of the {report.infinite} cases "
+                   "with a value (the bound, as written, says nothing there)")
+    if report.within_rounding:
+        ev = report.rounding_example
+        out.append(f"{_count(report.within_rounding, 'case')} broke the bound by no more than "
+                   f"the rounding of the quantities can explain (not violations), e.g. "
+                   f"L={ev.case.scores.numel()}: LHS={ev.lhs:.6g} RHS={ev.rhs:.6g}")
+    slow = getattr(report, "checker_overrun", None)
+    if slow:
+        out.append(slow)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,7 +312,8 @@ def result_json(res: FalsifyResult, ctx: Context) -> dict[str, Any]:
         "falsified": res.falsified,
         "examples": res.examples,
         "elapsed_s": round(res.elapsed_s, 3),
-        "worst_ratio": _num(res.worst.ratio) if res.worst else None,
+        "worst_ratio": _ratio_json(res.worst),
+        "worst_margin": _margin_json(res.worst),
         "worst_case": res.worst.to_json() if res.worst else None,
         "witness": res.witness.to_json() if res.witness else None,
         "undefined": res.undefined,
@@ -243,6 +321,7 @@ def result_json(res: FalsifyResult, ctx: Context) -> dict[str, Any]:
         "repro": repro(res, ctx),
         "rerun": rerun(res, ctx),
         "search": res.search.to_json() if res.search else None,
+        "notes": notes(res),
         "database": res.database,
         "workers": None,
         # where the target ran: "process" (a worker process, sandboxed as "sandbox" says) or
@@ -280,6 +359,8 @@ def rerun(res: FalsifyResult, ctx: Context) -> str:
 def summary(res: FalsifyResult, ctx: Context) -> str:
     lines = []
     head = "FALSIFIED" if res.falsified else "not falsified"
+    if not res.falsified and res.examples == 0:
+        head = "not checked"  # notes() says why
     lines.append(f"{head}: {res.inequality.normalized}  [{res.target}]  "
                  f"({_count(res.examples, 'evaluation')}, {res.elapsed_s:.1f}s, "
                  f"profile {ctx.profile}, "
@@ -295,22 +376,30 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
                      f"scores=[{scores}{more}]")
         vals = ", ".join(f"{k}={v:.6g}" for k, v in w.values.items())
         lines.append(f"  at the witness: {vals}; LHS={w.lhs:.6g} RHS={w.rhs:.6g} "
-                     f"ratio={w.ratio:.4g}")
+                     f"{_ratio_text(w).replace('ratio ', 'ratio=', 1)}")
     report = res.search
     if report is not None and report.first_witness is not None:
         first = report.first_witness
         lines.append(f"  first met by the {report.first_witness_phase} at evaluation "
                      f"{report.first_witness_evaluation} ({report.first_witness_s:.2f}s), "
-                     f"L={first.case.scores.numel()}, ratio {first.ratio:.4g}; shrunk in "
+                     f"L={first.case.scores.numel()}, {_ratio_text(first)}; shrunk in "
                      f"{_count(report.shrink_evaluations, 'evaluation')}")
     if res.worst:
-        lines.append(f"  worst ratio LHS/RHS found: {res.worst.ratio:.6g} "
-                     f"(L={res.worst.case.scores.numel()}, kind {res.worst.case.kind})")
+        w = res.worst
+        where = f"(L={w.case.scores.numel()}, kind {w.case.kind})"
+        if math.isnan(w.ratio):
+            lines.append(f"  worst case found: margin {w.margin:.6g}, LHS={w.lhs:.6g} "
+                         f"RHS={w.rhs:.6g} (RHS <= 0 or no value: no ratio) {where}")
+        else:
+            lines.append(f"  worst ratio LHS/RHS found: {w.ratio:.6g} (margin {w.margin:.3g}) "
+                         f"{where}")
     if res.undefined_example is not None:
         u = res.undefined_example
         vals = ", ".join(f"{k}={v:.6g}" for k, v in u.values.items())
         lines.append(f"  undefined on {res.undefined} cases (the expression has no value there, "
-                     f"not a violation), e.g. at {vals}")
+                     f"or only the rounding of the quantities gives it one: not a violation), "
+                     f"e.g. at {vals}")
+    lines.extend(f"  note: {n}" for n in notes(res))
     if report is not None:
         lines.extend(_search_lines(report))
     from attnverify.campaign import summary_lines
@@ -339,10 +428,12 @@ def _search_lines(report: SearchReport) -> list[str]:
     rows = [r for r in report.strata if r.evaluations]
     if rows:
         width = max(len("stratum"), *(len(r.stratum.name) for r in rows))
-        out.append(f"    {'stratum'.ljust(width)}  evaluations  best ratio")
+        out.append(f"    {'stratum'.ljust(width)}  evaluations  best ratio  best margin")
         for r in rows:
             best = "-" if r.best is None or math.isnan(r.best.ratio) else f"{r.best.ratio:.6g}"
-            out.append(f"    {r.stratum.name.ljust(width)}  {r.evaluations:>11}  {best}")
+            m = "-" if r.best is None or math.isnan(r.best.margin) else f"{r.best.margin:.3g}"
+            out.append(f"    {r.stratum.name.ljust(width)}  {r.evaluations:>11}  "
+                       f"{best:>10}  {m:>11}")
     return out
 
 

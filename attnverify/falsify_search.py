@@ -3,31 +3,40 @@ polish, then shrinking of the first case that crosses the bound.
 
 Every evaluation of the inequality goes through one :class:`Search`, which counts it against the
 budget (evaluations, and seconds as a safety net), files it under its *stratum* (a band of
-unmasked row lengths, masked or not) and stops the search at the first case that fails. The
-phases, in order, each with a share of the evaluations the previous ones left:
+unmasked row lengths, masked or not) and stops the search at the first case that fails. What
+the search climbs is the signed *margin* of a case (:func:`attnverify.expr.margin`:
+``(LHS − RHS − slack)/(|LHS| + |RHS| + slack)``, positive beyond the bound), which ranks cases
+whatever the signs of the sides: a bound whose right-hand side is ≤ 0 is searched like any other.
+The phases, in order, each with a share of the evaluations the previous ones left:
 
 1. **battery** (:func:`battery`): rows whose logits take two or three levels (``k`` keys at
    ``+a``, the rest at ``−a``, at ``0``, …), ties, a zero row and one-hot-like rows (one key
    ``+a`` above ``L − 1`` at ``−a``, at large ``a/T``), for the row lengths of
-   :data:`LENGTH_GRID` and ``a/T`` on the log grid :data:`RATIO_GRID` (1e-3 … 1e2), with masked
-   variants (``L_padded > L``) and temperatures below and above 1 (:data:`TEMPERATURE_GRID`).
-   Bounds over logits in ``[−a, a]`` take their extremes at vertices of the box and at ties,
-   whatever the normalizer and the quantity. A first sweep (:func:`scout`) meets every
-   (length, a/T) pair once; then each length, shortest first, is covered in full.
+   :data:`LENGTH_GRID` and ``a/T`` on the log grid :data:`RATIO_GRID` (1e-3 … 3e2), with masked
+   variants (1, L, 3L and 15L masked keys: :data:`PAD_GRID`) and temperatures well below and
+   above 1 (:data:`TEMPERATURE_GRID`). Bounds over logits in ``[−a, a]`` take their extremes at
+   vertices of the box and at ties, whatever the normalizer and the quantity. Sweeps come first
+   (:func:`sweeps`): one meets every (length, a/T) pair once, the next every (length,
+   temperature) and (length, padding) pair; then the lengths are covered in full, a few cases
+   of each length in turn.
 2. **strata** (:func:`stratum_cases`): one seeded Hypothesis run per stratum with its own
    ``hypothesis.target`` label, so a stratum where the bound is trivially tight (``L = 1``) cannot
    take the whole search. Rows are drawn as a few levels with counts, as free values (short rows)
    or as one of the adversarial kinds of :func:`attnverify.strategies.logit_rows`, scaled so that
-   ``a`` is the drawn magnitude.
-3. **polish** (:func:`run_polish`): from the best case of each stratum, a bounded Nelder–Mead
-   (``scipy.optimize.minimize``) maximises LHS/RHS over the row's levels (tied keys move
-   together; rows with many distinct values move in eight quantile groups), its scale and the
-   temperature where it is free, at fixed ``L`` and mask.
+   ``a`` is the drawn magnitude; masked strata add up to 15·L masked keys.
+3. **polish** (:func:`run_polish`): from the best few distinct cases of each stratum
+   (:data:`TOP_PER_STRATUM`), and from two-level splits of a tied or nearly tied one (``k`` keys
+   up, ``L − k`` down, for ``k`` = 1, L/2, L − 1, 2), a bounded Nelder–Mead
+   (``scipy.optimize.minimize``) maximises the margin over the row's levels (keys of a group
+   move together; rows with many distinct values move in eight quantile groups), ``a/T`` and
+   the temperature where it is free, at fixed ``L`` and mask.
 
 A failing case ends the search and goes to shrinking (:func:`shrink_witness`, the greedy shrinker
-of :mod:`attnverify.checks.shrink`: fewer keys, simpler values, temperature 1). The same seed
-gives the same evaluations in the same order, so the count budget, not the clock, decides what
-is found (the clock only stops a search that runs far past its profile's time).
+of :mod:`attnverify.checks.shrink`: fewer keys, simpler values, temperature 1). A case fails only
+beyond the tolerance and beyond the rounding of its quantities
+(:meth:`attnverify.expr.Inequality.judge` with :func:`attnverify.quantities.rounding_errors`).
+The same seed gives the same evaluations in the same order, so the count budget, not the clock,
+decides what is found (the clock only stops a search that runs far past its profile's time).
 """
 
 from __future__ import annotations
@@ -46,8 +55,8 @@ from hypothesis import strategies as st
 
 from attnverify import heartbeat
 from attnverify import strategies as S
-from attnverify.expr import Inequality
-from attnverify.quantities import QUANTITIES, evaluate_quantities
+from attnverify.expr import Inequality, margin
+from attnverify.quantities import QUANTITIES, evaluate_quantities, rounding_errors
 from attnverify.runconfig import hypothesis_settings
 from attnverify.serialize import encode_tensor, jsonable, number
 from attnverify.tolerances import tol_for
@@ -63,22 +72,36 @@ KINDS = tuple(k for k in S.ALL_KINDS if k not in ("fully_masked", "mixed_scale",
 
 #: Row lengths (unmasked keys) of the battery, shortest first, up to the longest row allowed.
 LENGTH_GRID = (1, 2, 3, 4, 5, 8, 16, 64, 256, 1024, 4096, 16384, 65536)
-#: ``a/T`` of the battery's rows, in the order tried (a log grid over 1e-3 … 1e2).
-RATIO_GRID = (0.3, 3.0, 0.1, 1.0, 10.0, 0.01, 100.0, 0.001)
+#: ``a/T`` of the battery's rows, in the order tried (a log grid over 1e-3 … 3e2; above 300 a
+#: softmax-like weight ``e^{-2a/T}`` would come near the float64 underflow, where an exact zero
+#: and a rounded one look alike).
+RATIO_GRID = (0.3, 3.0, 0.1, 1.0, 10.0, 0.01, 100.0, 0.001, 30.0, 0.03, 300.0, 0.003)
 #: ``a/T`` of the battery's masked variants and of its rows at other temperatures.
 MASKED_RATIOS = (0.3, 3.0, 0.01, 100.0)
 TEMPERED_RATIOS = (0.3, 3.0, 0.01)
 #: Temperatures of the battery besides 1 (when the normalizer takes one and it is not fixed).
-TEMPERATURE_GRID = (0.1, 10.0)
+TEMPERATURE_GRID = (0.1, 10.0, 0.01, 100.0, 0.03, 30.0, 0.3, 3.0)
+#: Masked keys the battery adds to a row of L unmasked keys (within the longest row).
+PAD_GRID = ("1", "L", "3L", "15L")
 #: Ranges the strata and the polish draw from: log10(a/T) and log10(T).
 LOG_RATIO_RANGE = (-3.5, 2.5)
-LOG_T_RANGE = (-1.5, 1.5)
+LOG_T_RANGE = (-2.0, 2.0)
+#: Masked strata draw up to this many masked keys per unmasked key.
+MAX_PAD_FACTOR = 15
 #: Shares of the evaluations left: the battery's cap, then the strata's (the polish gets the rest).
-BATTERY_SHARE = 0.45
-STRATA_SHARE = 0.6
-#: Polish: evaluations per start (at least), groups of keys moved together, merit clamp.
+BATTERY_SHARE = 0.4
+STRATA_SHARE = 0.5
+#: Polish: evaluations per start (at least), evaluations without a better case after which a
+#: start is left (at least; three simplex sizes: a plateau of equal margins, a local maximum),
+#: groups of keys moved together,
+#: distinct cases kept per stratum, and what counts as nearly tied (the spread of the live
+#: logits against their largest magnitude).
 POLISH_MIN_EVALS = 40
+POLISH_PATIENCE = 12
 POLISH_GROUPS = 8
+TOP_PER_STRATUM = 3
+NEAR_TIE = 0.1
+#: What the benchmark's other searches return for a case without a margin (kept for them).
 CLAMP = 1e12
 
 
@@ -95,9 +118,19 @@ class Evaluation:
     values: dict[str, float]
     lhs: float
     rhs: float
+    #: LHS/RHS where RHS > 0; NaN where RHS ≤ 0 (no meaningful ratio) or the case is undefined.
     ratio: float
     fails: bool
     undefined: bool = False
+    #: The signed violation margin (:func:`attnverify.expr.margin`); computed from the sides when
+    #: not given.
+    margin: float = math.nan
+    #: The values break the bound by no more than the rounding of the quantities explains.
+    rounding: bool = False
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.margin):
+            self.margin = margin(float(self.lhs), float(self.rhs))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -111,7 +144,9 @@ class Evaluation:
             "quantities": {k: number(v) for k, v in self.values.items()},
             "lhs": number(self.lhs),
             "rhs": number(self.rhs),
-            "ratio": number(self.ratio),
+            "ratio": None if math.isnan(self.ratio) else number(self.ratio),
+            "margin": None if math.isnan(self.margin) else number(self.margin),
+            "within_rounding": self.rounding,
         }
 
     def case_json(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -119,6 +154,11 @@ class Evaluation:
         return {"scores": encode_tensor(self.case.scores), "dtype": "float64",
                 "temperature": self.case.temperature, "kind": self.case.kind,
                 "seed": self.case.seed, "params": jsonable(params)}
+
+    @property
+    def infinite_side(self) -> bool:
+        """A side is ±inf (and the other is not NaN)."""
+        return not self.undefined and (math.isinf(self.lhs) or math.isinf(self.rhs))
 
 
 def shape_of(scores: torch.Tensor) -> str:
@@ -134,26 +174,36 @@ def shape_of(scores: torch.Tensor) -> str:
     return ""
 
 
+def scale_of(case: FalsifyCase) -> float:
+    """``a/T`` of a case: the largest unmasked ``|logit|`` over the temperature (1 without one)."""
+    live = case.scores[torch.isfinite(case.scores)]
+    if not live.numel():
+        return 0.0
+    return float(live.abs().max()) / (1.0 if case.temperature is None else case.temperature)
+
+
 def evaluate(spec, ineq: Inequality, case: FalsifyCase, params) -> Evaluation:
-    """The inequality at one case (the normalizer called once, between heartbeat marks)."""
+    """The inequality at one case (the normalizer called once, between heartbeat marks), judged
+    beyond the tolerance and the rounding of the quantities."""
     heartbeat.example_started(case)  # the watchdog's clock (no-op outside a worker)
     try:
         values = evaluate_quantities(ineq.names, spec, case.scores, case.temperature, params)
     finally:
         heartbeat.example_finished()
     t = tol_for(F64)
-    lhs, rhs, ratio, verdict = ineq.judge(values, rtol=t.rtol, atol=t.atol)
-    if verdict == "undefined":
-        ratio = math.nan  # no value: neither the worst case nor a failure
-    return Evaluation(case, values, lhs, rhs, ratio, verdict == "fails", verdict == "undefined")
+    errors = rounding_errors(values, int(case.scores.numel()), scale_of(case))
+    j = ineq.judge(values, rtol=t.rtol, atol=t.atol, errors=errors)
+    ratio = math.nan if j.verdict == "undefined" else j.ratio
+    return Evaluation(case, values, j.lhs, j.rhs, ratio, j.verdict == "fails",
+                      j.verdict == "undefined", j.margin, j.rounding)
 
 
 def merit(ev: Evaluation) -> float:
-    """What the search maximises: LHS/RHS, clamped to ±1e12 (a failure with RHS ≤ 0 is +1e12,
-    a pass there −1e12); an undefined case is −inf."""
-    if ev.undefined or math.isnan(ev.ratio):
+    """What the search maximises: the margin, in ``[−1, 1]`` (> 0 fails); a case that breaks the
+    bound only within rounding counts as equality (0); an undefined case is −inf."""
+    if ev.undefined or math.isnan(ev.margin):
         return -math.inf
-    return max(min(ev.ratio, CLAMP), -CLAMP)
+    return min(ev.margin, 0.0) if ev.rounding else ev.margin
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,11 +257,61 @@ class StratumRecord:
     stratum: Stratum
     evaluations: int = 0
     best: Evaluation | None = None
+    #: The best few distinct cases, best first: the polish's starts. Distinct: another shape or
+    #: decade of a/T (:func:`signature`) and another margin (a plateau of equal margins, such as
+    #: ties of every scale holding with equality, counts once).
+    top: list[Evaluation] = field(default_factory=list)
+
+    def consider(self, ev: Evaluation) -> None:
+        """Count ``ev`` and keep it if it ranks among the stratum's best distinct cases."""
+        self.evaluations += 1
+        if self.best is None or _key(ev) > _key(self.best):
+            self.best = ev
+        if ev.undefined:
+            return
+        sig = signature(ev.case)
+        same = next((i for i, other in enumerate(self.top)
+                     if signature(other.case) == sig or _level(other) == _level(ev)), None)
+        if same is not None:
+            if _key(ev) <= _key(self.top[same]):
+                return
+            del self.top[same]
+        self.top.append(ev)
+        self.top.sort(key=lambda e: -_key(e))
+        del self.top[TOP_PER_STRATUM:]
 
     def to_json(self) -> dict[str, Any]:
+        best = self.best
         return {"stratum": self.stratum.name, "L_min": self.stratum.lo, "L_max": self.stratum.hi,
                 "masked": self.stratum.masked, "evaluations": self.evaluations,
-                "best_ratio": None if self.best is None else number(self.best.ratio)}
+                "best_ratio": None if best is None or math.isnan(best.ratio)
+                else number(best.ratio),
+                "best_margin": None if best is None or math.isnan(best.margin)
+                else number(best.margin)}
+
+
+def _level(ev: Evaluation) -> float:
+    """The merit rounded to 9 significant digits: cases on one plateau share it."""
+    m = merit(ev)
+    return float(f"{m:.9g}") if math.isfinite(m) else m
+
+
+def signature(case: FalsifyCase) -> tuple:
+    """The shape of a case and the decade of its a/T: unmasked and padded lengths, the decade
+    (log10 a/T rounded), and the levels of the live logits over their largest magnitude (to 0.1)
+    with their counts (up to six levels; more read as "many"). Two ties of a similar scale, or
+    two such two-level rows with the same counts, share one; the same shape a decade apart
+    does not (a start's scale decides where the polish can climb)."""
+    live = case.scores[torch.isfinite(case.scores)]
+    head = (int(live.numel()), int(case.scores.numel()))
+    top = float(live.abs().max()) if live.numel() else 0.0
+    if top == 0.0:
+        return head + ("zero",)
+    head += (round(math.log10(scale_of(case))),)
+    levels, counts = torch.unique(torch.round(live / top * 10.0), return_counts=True)
+    if len(levels) > 6:
+        return head + ("many",)
+    return head + tuple(zip(levels.tolist(), counts.tolist()))
 
 
 class _Crossed(BaseException):
@@ -247,6 +347,14 @@ class Search:
     witness_phase: str = ""
     undefined: int = 0
     undefined_example: Evaluation | None = None
+    #: The case on which attnverify's own work (the quantities: a Jacobian's Lanczos run) took
+    #: longest, as ``(checker seconds, target seconds, row length)`` (behind the process
+    #: boundary only: there the target's time is charged apart, :mod:`attnverify.heartbeat`).
+    slowest_checker: tuple[float, float, int] | None = None
+    #: Cases where a side was ±inf, and cases that broke the bound only within rounding.
+    infinite: int = 0
+    within_rounding: int = 0
+    rounding_example: Evaluation | None = None
     stopped: str = "budget"
     #: Asked before each evaluation: True stops the search at once (``stopped = "stopped"``;
     #: ``falsify --workers``: another worker has a witness).
@@ -294,14 +402,21 @@ class Search:
         self.evaluations += 1
         self.by_phase[self.phase] = self.by_phase.get(self.phase, 0) + 1
         ev = evaluate(self.spec, self.ineq, case, self.params)
+        timing = heartbeat.last_example()
+        if timing is not None and (self.slowest_checker is None
+                                   or timing.checker_s > self.slowest_checker[0]):
+            self.slowest_checker = (timing.checker_s, timing.target_s, int(case.scores.numel()))
         record = self.record_of(case)
         if record is not None:
-            record.evaluations += 1
-            if record.best is None or _key(ev) > _key(record.best):
-                record.best = ev
+            record.consider(ev)
         if ev.undefined:
             self.undefined += 1
             self.undefined_example = self.undefined_example or ev
+        if ev.infinite_side:
+            self.infinite += 1
+        if ev.rounding:
+            self.within_rounding += 1
+            self.rounding_example = self.rounding_example or ev
         if self.worst is None or _key(ev) > _key(self.worst):
             self.worst = ev
         if ev.fails:
@@ -312,6 +427,19 @@ class Search:
         return ev
 
     # -- cases
+
+    @property
+    def free_temperature(self) -> bool:
+        return self.takes_temperature and self.fixed_temperature is None
+
+    def defined(self) -> int:
+        """Evaluations where the expression had a value."""
+        return self.evaluations - self.undefined
+
+    def vacuous(self) -> bool:
+        """Every case with a value had a side at ±inf (``max_weight <= 1/0``): the bound, as
+        searched, says nothing."""
+        return self.defined() > 0 and self.infinite == self.defined()
 
     def temperatures(self) -> tuple[float | None, ...]:
         """The battery's temperatures: the fixed one, none, or 1 then the grid."""
@@ -332,7 +460,7 @@ class Search:
 
 
 def _key(ev: Evaluation) -> float:
-    return -math.inf if math.isnan(ev.ratio) else ev.ratio
+    return merit(ev)
 
 
 def max_length_for(ineq: Inequality, max_length: int) -> int:
@@ -371,10 +499,10 @@ def unit_rows(length: int) -> list[tuple[str, torch.Tensor]]:
 
 #: The shapes of the masked and tempered variants (the rest of the battery's shapes are tried at
 #: T = 1 unmasked only).
-VARIANT_SHAPES = ("tie", "two_level_1", "peak_over_zero")
+VARIANT_SHAPES = ("tie", "two_level_1", "peak_over_zero", "two_level_last")
 
 
-#: The scout's order of lengths (alternating short and long rows, from the shortest row whose
+#: The sweeps' order of lengths (alternating short and long rows, from the shortest row whose
 #: two-level shapes differ) and of shapes (single outliers first).
 SCOUT_LENGTHS = (3, 16, 5, 256, 2, 64, 4, 4096, 8, 1024, 1, 16384, 65536)
 SCOUT_SHAPES = ("two_level_1", "two_level_2", "peak_over_zero", "tie", "top_mid_bottom",
@@ -383,7 +511,7 @@ SCOUT_SHAPES = ("two_level_1", "two_level_2", "peak_over_zero", "tie", "top_mid_
 
 
 def _shape(shapes: dict[str, torch.Tensor], name: str, length: int) -> tuple[str, torch.Tensor]:
-    """A scout shape by its generic name (``two_level_last``: L − 1 keys at +1)."""
+    """A shape by its generic name (``two_level_last``: L − 1 keys at +1)."""
     alias = {"two_level_last": f"two_level_{length - 1}", "two_level_half":
              f"two_level_{length // 2}"}.get(name, name)
     if alias in shapes:
@@ -391,56 +519,115 @@ def _shape(shapes: dict[str, torch.Tensor], name: str, length: int) -> tuple[str
     return "tie", shapes["tie"]
 
 
-def scout(search: Search) -> Iterator[tuple[tuple, FalsifyCase]]:
-    """A first sweep across the whole battery design: point ``i`` takes the length, ``a/T``,
-    shape, temperature and mask at position ``i`` of their cycles (co-prime lengths), so every
-    (length, a/T) pair is met once, with shapes, temperatures and masks varying between them,
-    before the battery covers each length in full."""
+def pad_of(which: str, length: int, longest: int) -> int:
+    """Masked keys of the padding ``which`` (:data:`PAD_GRID`) for ``length`` unmasked keys, within
+    ``longest`` keys in all (0: no room)."""
+    want = {"1": 1, "L": length, "3L": 3 * length, "15L": 15 * length}[which]
+    return max(0, min(want, longest - length))
+
+
+def _pairs(rows: int, columns: int) -> Iterator[tuple[int, int]]:
+    """Every ``(i, j)`` of a ``rows × columns`` grid once, by diagonals: each run of ``rows``
+    pairs meets every row once, with the column moving on (whatever the sizes' common factors)."""
+    for n in range(rows * columns):
+        i, block = n % rows, n // rows
+        yield i, (i + block) % columns
+
+
+def sweeps(search: Search) -> Iterator[tuple[tuple, FalsifyCase]]:
+    """The battery's first passes, each across the whole design: every (length, a/T) pair once
+    (shape, temperature and mask varying between them), then every (length, temperature) pair
+    and every (length, padding) pair once (a/T and shape varying), before any length is covered
+    in full. Yields ``(key, case)``; the key says which planned case it is."""
     temps = search.temperatures()
     longest = search.budget.max_length
     lengths = [n for n in SCOUT_LENGTHS if n <= longest]
     tables = {n: dict(unit_rows(n)) for n in lengths}
-    for i in range(len(lengths) * len(RATIO_GRID)):
-        length = lengths[i % len(lengths)]
-        ratio = RATIO_GRID[i % len(RATIO_GRID)]
-        name, unit = _shape(tables[length], SCOUT_SHAPES[i % len(SCOUT_SHAPES)], length)
-        t = temps[(i // 3) % len(temps)] if i % 3 == 2 else temps[0]
-        pad = min(length, longest - length) if i % 4 == 3 else 0
-        key = (length, name, ratio, t, pad)
-        label = f"battery:{name}" + ("+masked" if pad else "")
-        yield key, search.case(unit, ratio, t, label, pad=pad)
+    for n, (li, ri) in enumerate(_pairs(len(lengths), len(RATIO_GRID))):
+        length, ratio = lengths[li], RATIO_GRID[ri]
+        name, unit = _shape(tables[length], SCOUT_SHAPES[n % len(SCOUT_SHAPES)], length)
+        t = temps[(n // 3) % len(temps)] if n % 3 == 2 else temps[0]
+        pad = pad_of(PAD_GRID[(n // 4) % len(PAD_GRID)], length, longest) if n % 4 == 3 else 0
+        yield (length, name, ratio, t, pad), _labelled(search, unit, ratio, t, name, pad)
+    variants = VARIANT_SHAPES + ("two_level_half",)
+    for n, (li, ti) in enumerate(_pairs(len(lengths), len(temps) - 1)):
+        length, t = lengths[li], temps[1 + ti]
+        name, unit = _shape(tables[length], variants[n % len(variants)], length)
+        ratio = TEMPERED_RATIOS[n % len(TEMPERED_RATIOS)]
+        yield (length, name, ratio, t, 0), _labelled(search, unit, ratio, t, name, 0)
+    for n, (li, pi) in enumerate(_pairs(len(lengths), len(PAD_GRID))):
+        length = lengths[li]
+        pad = pad_of(PAD_GRID[pi], length, longest)
+        if pad < 1:
+            continue
+        name, unit = _shape(tables[length], variants[n % len(variants)], length)
+        ratio = MASKED_RATIOS[n % len(MASKED_RATIOS)]
+        yield (length, name, ratio, temps[0], pad), _labelled(search, unit, ratio, temps[0],
+                                                                name, pad)
 
 
-def battery(search: Search) -> Iterator[FalsifyCase]:
-    """The battery's cases in the order tried (see the module docstring): the scout, then each
-    length in full (the cases the scout met are not repeated)."""
-    seen = set()
-    for key, case in scout(search):
-        seen.add(key)
-        yield case
+def _labelled(search: Search, unit, ratio, t, name: str, pad: int) -> FalsifyCase:
+    label = f"battery:{name}" + ("+masked" if pad else "")
+    return search.case(unit, ratio, t, label, pad=pad)
+
+
+def scout(search: Search) -> Iterator[tuple[tuple, FalsifyCase]]:
+    """The first sweep of :func:`sweeps` (every (length, a/T) pair once)."""
+    longest = search.budget.max_length
+    count = len([n for n in SCOUT_LENGTHS if n <= longest]) * len(RATIO_GRID)
+    for n, item in enumerate(sweeps(search)):
+        if n >= count:
+            return
+        yield item
+
+
+def planned(search: Search, length: int) -> list[tuple]:
+    """Every case the battery plans for ``length`` unmasked keys, as ``(name, unit, ratio, T,
+    pad)``: the zero row; each shape at each a/T (T = 1, or the fixed T); the variant shapes
+    masked (each padding of :data:`PAD_GRID`) and at every other temperature."""
     temps = search.temperatures()
     base_t, other_t = temps[0], temps[1:]
     longest = search.budget.max_length
-    for length in (n for n in LENGTH_GRID if n <= longest):
-        shapes = unit_rows(length)
-        yield search.case(torch.zeros(length, dtype=F64), 1.0, base_t, "battery:zero")
-        planned = [(name, unit, ratio, base_t, 0) for ratio in RATIO_GRID for name, unit in shapes]
-        variants = [(n, u) for n, u in shapes
-                    if n in VARIANT_SHAPES or n == f"two_level_{length - 1}"]
-        pad = min(length, longest - length)
-        if pad >= 1:
-            planned += [(name, unit, ratio, base_t, pad) for ratio in MASKED_RATIOS
-                        for name, unit in variants]
-        planned += [(name, unit, ratio, t, 0) for t in other_t for ratio in TEMPERED_RATIOS
-                    for name, unit in variants]
-        for name, unit, ratio, t, p in planned:
-            if (length, name, ratio, t, p) in seen:
-                continue
-            label = f"battery:{name}" + ("+masked" if p else "")
-            yield search.case(unit, ratio, t, label, pad=p)
-        if pad >= 1:
-            yield search.case(shapes[0][1], 1.0, base_t, "battery:tie+masked_front", pad=1,
-                              front=True)
+    shapes = unit_rows(length)
+    table = dict(shapes)
+    out = [("zero", torch.zeros(length, dtype=F64), 1.0, base_t, 0)]
+    out += [(name, unit, ratio, base_t, 0) for ratio in RATIO_GRID for name, unit in shapes]
+    variants = list(dict.fromkeys(_shape(table, v, length) for v in VARIANT_SHAPES))
+    pads = sorted({p for p in (pad_of(w, length, longest) for w in PAD_GRID) if p >= 1})
+    out += [(name, unit, ratio, base_t, pad) for pad in pads for ratio in MASKED_RATIOS
+            for name, unit in variants]
+    out += [(name, unit, ratio, t, 0) for t in other_t for ratio in TEMPERED_RATIOS
+            for name, unit in variants]
+    return out
+
+
+def battery(search: Search) -> Iterator[FalsifyCase]:
+    """The battery's cases in the order tried (see the module docstring): the sweeps, then the
+    planned cases of every length, a few of each length in turn (shortest first), so that a cap
+    on the battery leaves no length out (a case the sweeps met is not repeated)."""
+    seen = set()
+    for key, case in sweeps(search):
+        seen.add(key)
+        yield case
+    longest = search.budget.max_length
+    lengths = [n for n in LENGTH_GRID if n <= longest]
+    plans = {n: planned(search, n) for n in lengths}
+    step = 8
+    for start in range(0, max(len(p) for p in plans.values()), step):
+        for length in lengths:
+            for name, unit, ratio, t, pad in plans[length][start:start + step]:
+                if (length, name, ratio, t, pad) in seen:
+                    continue
+                seen.add((length, name, ratio, t, pad))
+                label = "battery:zero" if name == "zero" else None
+                if label is not None:
+                    yield search.case(unit, ratio, t, label)
+                else:
+                    yield _labelled(search, unit, ratio, t, name, pad)
+    if longest >= 2:
+        shapes = unit_rows(1)
+        yield search.case(shapes[0][1], 1.0, search.temperatures()[0], "battery:tie+masked_front",
+                          pad=1, front=True)
 
 
 def run_battery(search: Search) -> None:
@@ -480,7 +667,8 @@ def _unit(row: torch.Tensor) -> torch.Tensor:
 def stratum_cases(draw, stratum: Stratum, search: Search):
     """Cases of one stratum: L in its band, ``a/T`` and T log-uniform (shrinking to 1), the row
     as levels, free values (L ≤ 16) or an adversarial kind, scaled so that max |logit| = a;
-    masked strata add 1 … L masked keys at the end, the front or seeded positions."""
+    masked strata add 1 … 15·L masked keys (within the longest row) at the end, the front or
+    seeded positions."""
     longest = search.budget.max_length
     length = draw(st.integers(stratum.lo, stratum.hi))
     ratio = 10.0 ** draw(st.floats(*LOG_RATIO_RANGE))
@@ -502,7 +690,7 @@ def stratum_cases(draw, stratum: Stratum, search: Search):
         style = f"kind:{kind}"
     row = _unit(unit) * (ratio * (1.0 if t is None else t))
     if stratum.masked:
-        pad = draw(st.integers(1, max(1, min(length, longest - length))))
+        pad = draw(st.integers(1, max(1, min(MAX_PAD_FACTOR * length, longest - length))))
         where = draw(st.sampled_from(("end", "front", "seeded")))
         full = torch.full((length + pad,), NEG_INF, dtype=F64)
         if where == "end":
@@ -584,101 +772,222 @@ def run_hypothesis(test, *, ctx, seed: int, max_examples: int, key: str, databas
 
 
 class _Polish:
-    """The continuous parameters of one case at fixed L and mask: the value of each group of
-    keys (tied keys, or eight quantile groups when there are more distinct values), the row's
-    scale (log10) and the temperature (log10) where it is free."""
+    """The continuous parameters of one start at fixed L and mask: the level of each group of
+    keys in ``[−1, 1]`` (``groups``: given, else tied keys, else eight quantile groups moving by
+    offsets from the start's values), ``log10(a/T)`` within :data:`LOG_RATIO_RANGE`, and
+    ``log10 T`` within :data:`LOG_T_RANGE` where the temperature is free. A row is
+    ``levels[group] · (a/T) · T``."""
 
-    def __init__(self, case: FalsifyCase, free_temperature: bool) -> None:
-        self.case = case
+    def __init__(self, case: FalsifyCase, free_temperature: bool,
+                 groups: torch.Tensor | None = None, levels: list[float] | None = None,
+                 kind: str = "polish") -> None:
+        self.case, self.kind = case, kind
         self.live = torch.isfinite(case.scores)
-        values = case.scores[self.live]
-        self.values = values
+        t0 = 1.0 if case.temperature is None else case.temperature
+        values = case.scores[self.live] / t0
         self.t0 = case.temperature
         self.free_t = free_temperature and case.temperature is not None
-        distinct, inverse = torch.unique(values, return_inverse=True)
-        if len(distinct) <= POLISH_GROUPS:
-            self.mode, self.groups, self.base = "levels", inverse, distinct
+        scale = float(values.abs().max()) if values.numel() else 0.0
+        self.unit = values / scale if scale > 0 else torch.zeros_like(values)
+        self.log_ratio0 = _clip(math.log10(scale), LOG_RATIO_RANGE) if scale > 0 else -1.0
+        if groups is not None:
+            self.mode, self.groups = "levels", groups
+            self.base = list(levels) if levels is not None else [0.0] * (int(groups.max()) + 1)
         else:
-            order = torch.argsort(values)
-            groups = torch.empty_like(order)
-            groups[order] = torch.arange(len(values)) * POLISH_GROUPS // len(values)
-            self.mode, self.groups, self.base = "offsets", groups, None
-        self.scale0 = max(float(values.abs().max()), 1e-12)
-        n = len(distinct) if self.mode == "levels" else POLISH_GROUPS
-        self.n = n
+            distinct, inverse = torch.unique(self.unit, return_inverse=True)
+            if len(distinct) <= POLISH_GROUPS:
+                self.mode, self.groups, self.base = "levels", inverse, distinct.tolist()
+            else:
+                order = torch.argsort(self.unit)
+                groups = torch.empty_like(order)
+                groups[order] = torch.arange(len(self.unit)) * POLISH_GROUPS // len(self.unit)
+                self.mode, self.groups, self.base = "offsets", groups, [0.0] * POLISH_GROUPS
+        self.n = len(self.base)
 
     def start(self) -> tuple[list[float], list[tuple[float, float]]]:
-        if self.mode == "levels":
-            x = [float(v) / self.scale0 for v in self.base]
-        else:
-            x = [0.0] * self.n
-        bounds = [(-1.0, 1.0)] * self.n
-        x.append(0.0)  # log10 of the scale factor
-        bounds.append((-1.0, 1.0))
+        x = [float(v) for v in self.base] + [self.log_ratio0]
+        bounds = [(-1.0, 1.0)] * self.n + [LOG_RATIO_RANGE]
         if self.free_t:
-            x.append(math.log10(self.t0))
+            x.append(_clip(math.log10(self.t0), LOG_T_RANGE))
             bounds.append(LOG_T_RANGE)
         return x, bounds
 
     def build(self, x) -> FalsifyCase:
         x = [float(v) for v in x]
-        factor = 10.0 ** x[self.n]
         shape = torch.tensor(x[:self.n], dtype=F64)
-        if self.mode == "levels":
-            live = shape[self.groups] * (self.scale0 * factor)
-        else:
-            live = (self.values + shape[self.groups] * self.scale0) * factor
+        ratio = 10.0 ** _clip(x[self.n], LOG_RATIO_RANGE)
         t = self.t0
         if self.free_t:
-            t = 10.0 ** x[self.n + 1]
+            t = 10.0 ** _clip(x[self.n + 1], LOG_T_RANGE)
+        unit = shape[self.groups] if self.mode == "levels" else self.unit + shape[self.groups]
         row = self.case.scores.clone()
-        row[self.live] = live
-        return FalsifyCase(row, t, "polish", self.case.seed)
+        row[self.live] = unit * (ratio * (1.0 if t is None else t))
+        return FalsifyCase(row, t, self.kind, self.case.seed)
 
 
-def polish_starts(search: Search) -> list[Evaluation]:
-    """The best case of every stratum that has one with a finite ratio, best first."""
-    starts = [r.best for r in search.records
-              if r.best is not None and math.isfinite(merit(r.best)) and not r.best.fails]
-    return sorted(starts, key=lambda ev: -merit(ev))
+def _clip(v: float, bounds: tuple[float, float]) -> float:
+    return min(max(v, bounds[0]), bounds[1])
+
+
+def near_tie(case: FalsifyCase) -> bool:
+    """Whether the live logits are all equal or spread by at most :data:`NEAR_TIE` of their
+    largest magnitude (a zero row included)."""
+    live = case.scores[torch.isfinite(case.scores)]
+    if live.numel() < 2:
+        return False
+    top = float(live.abs().max())
+    return float(live.max() - live.min()) <= NEAR_TIE * top
+
+
+def splits(case: FalsifyCase) -> list[tuple[str, torch.Tensor, list[float]]]:
+    """Two-level splits of a (nearly) tied row of L live keys, as ``(kind, groups, levels)``: for
+    ``k`` = 1, L/2, L − 1, 2 (distinct, ``1 ≤ k < L``), ``k`` keys in one group and ``L − k`` in
+    the other (the keys taken in the order of the start's logits, largest first), each split two
+    ways: ``split_k`` starts both groups at the tie's level (the polish then moves them apart by
+    a little: a tie perturbed), ``spread_k`` starts them at ``+1`` and ``−1`` (k keys at ``+a``,
+    the rest at ``−a``)."""
+    live = case.scores[torch.isfinite(case.scores)]
+    n = live.numel()
+    top = float(live.abs().max()) if n else 0.0
+    level = float(live.mean()) / top if top > 0 else 0.0
+    order = torch.argsort(live, descending=True, stable=True)
+    out = []
+    for k in dict.fromkeys((1, n // 2, n - 1, 2)):
+        if 1 <= k < n:
+            groups = torch.ones(n, dtype=torch.long)
+            groups[order[:k]] = 0
+            out.append((f"polish:split_{k}", groups, [level, level]))
+            out.append((f"polish:spread_{k}", groups, [1.0, -1.0]))
+    return out
+
+
+@dataclass
+class Start:
+    """One start of the polish: a case, and how its keys are grouped (None: by its values)."""
+
+    ev: Evaluation
+    kind: str = "polish"
+    groups: torch.Tensor | None = None
+    levels: list[float] | None = None
+
+
+def _interleave(lists: list[list]) -> list:
+    """The first item of every list, then the second of every list, and so on."""
+    out = []
+    for i in range(max((len(x) for x in lists), default=0)):
+        out += [x[i] for x in lists if i < len(x)]
+    return out
+
+
+def polish_starts(search: Search) -> list[Start]:
+    """The starts of the polish, in the order tried: round after round over the strata (a stratum
+    whose best case ranks higher first within a round), each stratum giving its next start. A
+    stratum's starts come from its best distinct cases (:attr:`StratumRecord.top`: shapes and
+    scales differ), in turn: each case itself, unless its keys are all tied (they would move as
+    one level), then, for a tied or nearly tied case (:func:`near_tie`), its two-level splits
+    (:func:`splits`)."""
+    queues = []
+    for record in sorted((r for r in search.records if r.top), key=lambda r: -_key(r.top[0])):
+        per_case = []
+        for ev in record.top:
+            if ev.fails or not math.isfinite(merit(ev)):
+                continue
+            own = []
+            live = ev.case.scores[torch.isfinite(ev.case.scores)]
+            if len(set(live.tolist())) > 1:
+                own.append(Start(ev))
+            if near_tie(ev.case):
+                own += [Start(ev, *split) for split in splits(ev.case)]
+            per_case.append(own)
+        queues.append(_interleave(per_case))
+    return _interleave(queues)
 
 
 def run_polish(search: Search) -> None:
+    """Nelder–Mead from each start of :func:`polish_starts` in turn, each with its share of the
+    phase's evaluations and left after :data:`POLISH_PATIENCE` evaluations without a better
+    case; then, where the expression names a count (``n_support``) that changed along the way,
+    the boundary between the best case and the nearest with another count is bisected
+    (:func:`_bisect_boundary`): a bound on a piecewise-constant quantity is tightest where the
+    piece changes, often in a band narrower than any simplex step."""
     from scipy.optimize import minimize
 
     starts = polish_starts(search)
+    counts = sorted(search.ineq.names & DISCRETE)
     for i, start in enumerate(starts):
         left = search.phase_left()
         if left < 2:
             return
         share = max(POLISH_MIN_EVALS, left // (len(starts) - i))
         cap = search.evaluations + min(share, left)
-        shape = _Polish(start.case, search.takes_temperature and search.fixed_temperature is None)
+        shape = _Polish(start.ev.case, search.free_temperature, start.groups, start.levels,
+                        start.kind)
         x0, bounds = shape.start()
+        progress = {"best": -math.inf, "since": 0, "seen": []}
+        patience = max(POLISH_PATIENCE, 3 * (len(x0) + 1))
 
-        def objective(x, shape=shape, cap=cap) -> float:
-            if search.evaluations >= cap:
+        def objective(x, shape=shape, cap=cap, progress=progress, patience=patience) -> float:
+            if search.evaluations >= cap or progress["since"] >= patience:
                 raise _Spent()
-            score = merit(search.evaluate(shape.build(x)))
-            return -score if math.isfinite(score) else CLAMP
+            ev = search.evaluate(shape.build(x))
+            score = merit(ev)
+            progress["seen"].append((list(x), score, tuple(ev.values.get(n) for n in counts)))
+            if score > progress["best"] + 1e-12:
+                progress["best"], progress["since"] = score, 0
+            else:
+                progress["since"] += 1
+            return -score if math.isfinite(score) else 2.0
 
-        simplex = _simplex(x0, bounds)
         try:
             minimize(objective, x0, method="Nelder-Mead", bounds=bounds,
-                     options={"maxfev": cap - search.evaluations, "initial_simplex": simplex,
-                              "xatol": 1e-9, "fatol": 1e-12, "adaptive": len(x0) > 4})
+                     options={"maxfev": cap - search.evaluations,
+                              "initial_simplex": _simplex(x0, bounds),
+                              "xatol": 1e-9, "fatol": 1e-15, "adaptive": len(x0) > 4})
         except _Spent:
             if search.evaluations >= search.phase_cap or search.out_of_time():
                 raise
-            continue
+        if counts:
+            _bisect_boundary(search, shape, progress["seen"], counts)
+
+
+#: Quantities that take integer values: where they change, a bound on them has its edges.
+DISCRETE = frozenset(name for name, q in QUANTITIES.items() if q.count)
+#: Bisection steps on a boundary between two counts (the parameter interval shrinks 2**-steps).
+BOUNDARY_STEPS = 24
+
+
+def _bisect_boundary(search: Search, shape: _Polish, seen: list, counts: list[str]) -> None:
+    """Between the best case a polish start met and the nearest one (in its parameters) whose
+    counts differ, halve the segment :data:`BOUNDARY_STEPS` times, keeping the half whose ends
+    still differ, so both sides of the boundary are evaluated at its edge."""
+    usable = [s for s in seen if math.isfinite(s[1])]
+    if not usable:
+        return
+    best = max(usable, key=lambda s: s[1])
+    other = [s for s in usable if s[2] != best[2]]
+    if not other:
+        return
+    far = min(other, key=lambda s: sum((a - b) ** 2 for a, b in zip(s[0], best[0])))
+    lo, hi = best, far
+    for _ in range(BOUNDARY_STEPS):
+        if search.phase_left() < 1:
+            raise _Spent()
+        mid_x = [(a + b) / 2 for a, b in zip(lo[0], hi[0])]
+        ev = search.evaluate(shape.build(mid_x))
+        mid = (mid_x, merit(ev), tuple(ev.values.get(n) for n in counts))
+        if mid[2] == lo[2]:
+            lo = mid
+        else:
+            hi = mid
 
 
 def _simplex(x0: list[float], bounds) -> list[list[float]]:
-    """A start simplex of steps 0.25 per coordinate, pointing into the box."""
+    """A start simplex of steps 0.25 per level and 0.3 per decade of a/T or T (a factor of 2),
+    pointing into the box."""
     out = [list(x0)]
     for i, (lo, hi) in enumerate(bounds):
         x = list(x0)
-        step = 0.25 * (hi - lo) / 2
+        step = 0.25 if (lo, hi) == (-1.0, 1.0) else 0.3
         x[i] = x[i] + step if x[i] + step <= hi else x[i] - step
         out.append(x)
     return out

@@ -163,6 +163,12 @@ class Quantity:
     compute: Callable[[Case], float]
     #: Costs O(L²) (entry-wise Jacobian by column blocks): callers cap the row length.
     quadratic: bool = False
+    #: How far the exact value may lie from the float64 one (:func:`rounding_errors`):
+    #: ``"exact"`` (counts, the input's own numbers), ``"rounded"`` (one rounding),
+    #: ``"weights"`` (computed by the normalizer), ``"entropy"``, ``"jacobian"``.
+    rounding: str = "weights"
+    #: Takes integer values (a count of keys).
+    count: bool = False
 
 
 def _unmasked_weights(case: Case) -> Tensor:
@@ -199,21 +205,27 @@ def _quantities() -> dict[str, Quantity]:
             "L",
             "number of keys the normalizer attends to: unmasked keys (finite logit) only",
             lambda c: int(c.unmasked.sum()),
+            rounding="exact", count=True,
         ),
         Quantity(
-            "L_padded", "row length with the masked keys (-inf) included", lambda c: len(c.row)
+            "L_padded", "row length with the masked keys (-inf) included", lambda c: len(c.row),
+            rounding="exact", count=True,
         ),
         Quantity(
-            "n_unmasked", "number of unmasked keys (the same as L)", lambda c: int(c.unmasked.sum())
+            "n_unmasked", "number of unmasked keys (the same as L)",
+            lambda c: int(c.unmasked.sum()), rounding="exact", count=True,
         ),
-        Quantity("T", "temperature (1 for a normalizer without one)", lambda c: c.temperature),
+        Quantity("T", "temperature (1 for a normalizer without one)", lambda c: c.temperature,
+                 rounding="exact"),
         Quantity(
             "a",
             "largest |logit| over the unmasked keys",
             lambda c: float(c.live_logits.abs().max()) if c.live_logits.numel() else math.nan,
+            rounding="exact",
         ),
         Quantity(
-            "logit_gap", "largest unmasked logit minus the second largest (0 if fewer)", _logit_gap
+            "logit_gap", "largest unmasked logit minus the second largest (0 if fewer)", _logit_gap,
+            rounding="rounded",
         ),
         Quantity(
             "max_weight",
@@ -239,39 +251,46 @@ def _quantities() -> dict[str, Quantity]:
             "entropy",
             "Shannon entropy −Σ α log α over the positive unmasked weights (nats)",
             _entropy,
+            rounding="entropy",
         ),
         Quantity(
             "n_support",
             "number of unmasked keys with a nonzero weight",
             lambda c: int((_unmasked_weights(c) != 0).sum()),
+            rounding="exact", count=True,
         ),
         Quantity(
             "lambda",
             "daGPAM's λ (parameter lam); 0 for a normalizer without one",
             lambda c: c.param(LAMBDA_PARAMS, 0.0),
+            rounding="exact",
         ),
         Quantity(
             "jacobian_spectral",
             "‖∂α/∂l‖₂, spectral norm (Lanczos, certified residual)",
             lambda c: float(c.spectral.value),
+            rounding="jacobian",
         ),
         Quantity(
             "jacobian_entry",
             "max |∂α_i/∂l_k|, the largest Jacobian entry",
             lambda c: float(c.entrywise.max_abs),
             quadratic=True,
+            rounding="jacobian",
         ),
         Quantity(
             "jacobian_frobenius",
             "‖∂α/∂l‖_F, Frobenius norm of the Jacobian",
             lambda c: float(c.entrywise.frobenius),
             quadratic=True,
+            rounding="jacobian",
         ),
         Quantity(
             "jacobian_l1_total",
             "Σ_ik |∂α_i/∂l_k|, entry-wise ℓ1 total of the Jacobian",
             lambda c: float(c.entrywise.l1_total),
             quadratic=True,
+            rounding="jacobian",
         ),
     ]
     return {item.name: item for item in q}
@@ -279,6 +298,45 @@ def _quantities() -> dict[str, Quantity]:
 
 #: Every quantity, by name, in the order ``attnverify quantities`` lists them.
 QUANTITIES: dict[str, Quantity] = _quantities()
+
+
+#: Units of float64 rounding (2**-52) a computed weight may be off by, relative to its value:
+#: a few for the normalizer's own arithmetic, plus a share per halving of the row (sums of L
+#: terms) and per unit of a/T (the rounding of a logit, ``eps·|l/T|``, becomes a relative error
+#: of ``exp(l/T)``).
+WEIGHT_ULPS, ULPS_PER_LOG2_LENGTH, ULPS_PER_RATIO = 8.0, 4.0, 4.0
+#: Relative error of a Jacobian quantity: the convergence tolerance of its Lanczos run (the
+#: float64 ``rtol``), which the dense and entry-wise ones are well inside.
+JACOBIAN_RELATIVE_ERROR = 1e-7
+
+
+def rounding_errors(values: Mapping[str, float], length: int, scale: float) -> dict[str, float]:
+    """How far the exact value of each quantity in ``values`` may lie from its float64 value,
+    for a row of ``length`` keys (masked ones included) whose largest ``|logit|/T`` is ``scale``:
+    0 for exact quantities, one rounding for ``"rounded"`` ones, ``δ·|v|`` for weights with
+    ``δ = eps·(8 + 4·log2 length + 4·scale)``, ``δ·(H + 1)`` for the entropy (each term
+    ``−p log p`` moves by ``(|log p| + 1)·p·δ``), and :data:`JACOBIAN_RELATIVE_ERROR`·|v| for
+    Jacobian quantities. A weight computed as exactly 0 is taken as exactly 0 (float64 cannot
+    tell an underflow from a true zero). Used by :meth:`attnverify.expr.Inequality.judge`."""
+    eps = 2.0**-52
+    ratio = scale if math.isfinite(scale) else 0.0
+    delta = eps * (WEIGHT_ULPS + ULPS_PER_LOG2_LENGTH * math.log2(max(length, 1))
+                   + ULPS_PER_RATIO * ratio)
+    out = {}
+    for name, v in values.items():
+        kind = QUANTITIES[name].rounding
+        v = abs(float(v))
+        if kind == "exact" or not math.isfinite(v):
+            out[name] = 0.0
+        elif kind == "rounded":
+            out[name] = eps * v
+        elif kind == "entropy":
+            out[name] = delta * (v + 1.0)
+        elif kind == "jacobian":
+            out[name] = JACOBIAN_RELATIVE_ERROR * v
+        else:
+            out[name] = delta * v
+    return out
 
 
 def describe() -> list[tuple[str, str]]:

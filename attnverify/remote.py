@@ -400,7 +400,7 @@ class Channel:
         except TimeoutError:
             self._discard()
             raise WorkerFailed(f"exceeded the per-example time limit of {self.timeout_s:g} s "
-                               "(--timeout)") from None
+                               "(--timeout; the time of its own calls on this example)") from None
         except (EOFError, OSError):
             raise self._dead() from None
         except wire.ProtocolError as exc:
@@ -439,7 +439,11 @@ class Channel:
                    "device": device} for shape, dtype, device in outputs]
         body = {**message, "tensors": [s.to_json() for s in slots],
                 "out": [s.to_json() for s in outs], "expect": expect}
-        reply = self._exchange(body, (), heartbeat.deadline(self.timeout_s))
+        sent = time.monotonic()
+        try:
+            reply = self._exchange(body, (), heartbeat.deadline(self.timeout_s))
+        finally:
+            heartbeat.charge(time.monotonic() - sent)  # the target's time, not attnverify's
         self._record(reply, message["op"], tensors, message.get("fn"))
         self._check_inputs(slots, tensors, message, reply)
         if not reply["ok"]:

@@ -1,8 +1,9 @@
 """Falsification power: ``attnverify falsify`` against the searches a user would write instead.
 
 Runs, side by side in one run and at the same budget of evaluations of the inequality, on every
-bound of the labelled corpus (``benchmarks/falsify_corpus.py``, 45 bounds over softmax, sparsemax,
-entmax15, sigmoid and ssmax):
+bound of the labelled corpus (``benchmarks/falsify_corpus.py``: issue #18's first 45 bounds over
+softmax, sparsemax, entmax15, sigmoid and ssmax, and the red team's 63 over every built-in),
+each with the normalizer parameters the bound names:
 
 - ``attnverify``: :func:`attnverify.falsify.falsify` under the profile (default ci), its
   evaluation budget set to the common one;
@@ -20,7 +21,9 @@ falsified (false alarms), median evaluations and seconds to the first witness (a
 infinite). ``--json PATH`` writes ``{"methods": {name: {"found", "missed", "false_alarms",
 "median_evaluations_to_witness", "median_seconds_to_witness"}}, "bounds": [...]}``.
 ``--speed`` also times the command line (``attnverify falsify TARGET INEQUALITY --profile …``,
-isolation included) on every bound and prints the medians with and without a Jacobian quantity.
+isolation included) on every bound and prints the medians with and without a Jacobian quantity,
+with the wall and CPU seconds (user + system, the worker process included) and the one-minute
+load average of the slowest runs.
 
     python benchmarks/falsify_power.py [--profile ci] [--evaluations N] [--seed S] [--only IDS]
         [--methods NAMES] [--speed] [--json PATH]
@@ -61,8 +64,9 @@ class _Spent(BaseException):
 class Probe:
     """Counts the evaluations of one method on one bound and stops it at the first failure."""
 
-    def __init__(self, spec, ineq, budget: int) -> None:
+    def __init__(self, spec, ineq, budget: int, params=None) -> None:
         self.spec, self.ineq, self.budget = spec, ineq, budget
+        self.params = dict(params or {})
         self.n, self.found_at, self.found_s = 0, None, None
         self.start = time.perf_counter()
 
@@ -72,7 +76,8 @@ class Probe:
         if self.n >= self.budget:
             raise _Spent()
         self.n += 1
-        ev = evaluate(self.spec, self.ineq, FalsifyCase(scores, temperature, "bench", 0), {})
+        ev = evaluate(self.spec, self.ineq, FalsifyCase(scores, temperature, "bench", 0),
+                      self.params)
         if ev.fails:
             self.found_at, self.found_s = self.n, time.perf_counter() - self.start
             raise _Found()
@@ -89,7 +94,7 @@ def run_attnverify(bound: Bound, spec, budget: int, profile: str, seed: int) -> 
 
     ctx = make_context(profile, seed=seed, max_examples=budget, isolation=False)
     start = time.perf_counter()
-    res = falsify(spec, bound.inequality, ctx, label=bound.target)
+    res = falsify(spec, bound.inequality, ctx, label=bound.target, params=dict(bound.params))
     report = res.search
     return {"falsified": res.falsified, "evaluations": res.examples,
             "evaluations_to_witness": report.first_witness_evaluation if res.falsified else None,
@@ -117,7 +122,7 @@ def run_hypothesis(bound: Bound, spec, ineq, budget: int, seed: int) -> dict:
         t = draw(st.floats(0.1, 10.0)) if free_t else None
         return torch.tensor(row, dtype=torch.float64), t
 
-    probe = Probe(spec, ineq, budget)
+    probe = Probe(spec, ineq, budget, bound.params)
 
     @given(cases())
     def search(case):
@@ -142,7 +147,7 @@ def run_differential_evolution(bound: Bound, spec, ineq, budget: int, seed: int,
         bounds.append((-1.0, 1.0))
     bounds.append((0.0, 1.0))  # mask fraction: masked keys only above 0.5
     bounds += [(-1.0, 1.0)] * DE_SHAPES
-    probe = Probe(spec, ineq, budget)
+    probe = Probe(spec, ineq, budget, bound.params)
 
     def objective(x) -> float:
         length = max(1, min(max_length, int(round(2.0 ** x[0]))))
@@ -181,9 +186,16 @@ def run_cli(bound: Bound, profile: str, seed: int) -> dict:
     """The command a user runs (worker process included): exit code and wall time."""
     cmd = [sys.executable, "-m", "attnverify", "falsify", bound.target, bound.inequality,
            "--profile", profile, "--seed", str(seed)]
+    if bound.params:
+        cmd += ["--params", ",".join(f"{k}={v}" for k, v in bound.params.items())]
     start = time.perf_counter()
+    before = os.times()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    return {"exit": proc.returncode, "seconds": time.perf_counter() - start}
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system
+                                                          - before.children_system)
+    return {"exit": proc.returncode, "seconds": time.perf_counter() - start, "cpu_s": cpu,
+            "load": os.getloadavg()[0]}
 
 
 def jacobian(bound: Bound) -> bool:
@@ -256,11 +268,12 @@ def main(argv=None) -> int:
           f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     rows = []
     for bound in bounds:
-        spec = load_target(bound.target)
+        spec = load_target(bound.target, bound.params)
         ineq = parse_inequality(bound.inequality)
         longest = max_length_for(ineq, PROFILES[args.profile]["max_length"])
         row = {"id": bound.id, "target": bound.target, "inequality": bound.inequality,
-               "false": bound.is_false, "jacobian": jacobian(bound), "methods": {}}
+               "params": dict(bound.params), "false": bound.is_false,
+               "jacobian": jacobian(bound), "methods": {}}
         for name in methods:
             if name == "attnverify":
                 got = run_attnverify(bound, spec, budget, args.profile, args.seed)
@@ -297,10 +310,15 @@ def main(argv=None) -> int:
                       f"max {max(secs):.1f}s over {len(secs)} bounds")
     if args.speed:
         for label, pick in (("without a Jacobian quantity", False), ("with one", True)):
-            secs = [r["cli"]["seconds"] for r in rows if r["jacobian"] == pick]
-            if secs:
+            runs = sorted((r for r in rows if r["jacobian"] == pick),
+                          key=lambda r: -r["cli"]["seconds"])
+            if runs:
+                secs = [r["cli"]["seconds"] for r in runs]
+                slow = ", ".join(f"{r['id']} {r['cli']['seconds']:.1f}s wall / "
+                                 f"{r['cli']['cpu_s']:.1f}s CPU (load {r['cli']['load']:.1f})"
+                                 for r in runs[:3])
                 print(f"attnverify falsify (command line), {label}: median {_median(secs):.1f}s,"
-                      f" max {max(secs):.1f}s over {len(secs)} bounds")
+                      f" max {max(secs):.1f}s over {len(secs)} bounds; slowest: {slow}")
     if args.json_path:
         write_json(args.json_path, jsonable({"methods": summary, "bounds": rows}))
     return 0

@@ -69,13 +69,18 @@ def test_ratio_violation_and_holds():
     assert ok.ratio(VALUES) == pytest.approx(0.3) and ok.holds(VALUES)
 
 
-def test_ratio_with_a_nonpositive_right_side():
+def test_ratio_with_a_nonpositive_right_side_is_nan_and_the_margin_still_ranks():
+    # a <= -1 at a = 2: broken; -3 <= -a: holds; a <= 0: broken. No ratio where RHS <= 0, but
+    # the margin (lhs - rhs)/(|lhs| + |rhs|) says how far, with the sign of the verdict
     fails = parse_inequality("a <= -1", KNOWN)
     holds = parse_inequality("-3 <= -1 * a", KNOWN)
     zero = parse_inequality("a <= 0", KNOWN)
-    assert fails.ratio(VALUES) == math.inf and not fails.holds(VALUES)
-    assert holds.ratio(VALUES) == -math.inf and holds.holds(VALUES)
-    assert zero.ratio(VALUES) == math.inf and zero.violation(VALUES) == 2.0
+    assert math.isnan(fails.ratio(VALUES)) and not fails.holds(VALUES)
+    assert math.isnan(holds.ratio(VALUES)) and holds.holds(VALUES)
+    assert math.isnan(zero.ratio(VALUES)) and zero.violation(VALUES) == 2.0
+    assert fails.judge(VALUES).margin == pytest.approx(3 / 3)
+    assert holds.judge(VALUES).margin == pytest.approx((-3 + 2) / 5)
+    assert zero.judge(VALUES).margin == 1.0
 
 
 def test_strict_inequality_fails_on_equality():

@@ -110,9 +110,9 @@ def test_an_entry_round_trips_exactly_and_hostile_entries_are_skipped():
                          make_context("dev", max_length=8))
     row = torch.tensor([0.1, -1 / 3, -math.inf, 1e-300], dtype=F64)
     ev = FS.evaluate(spec, search.ineq, FalsifyCase(row, 0.7, "strata:levels", 12), {})
-    case, ratio = campaign.decode(campaign.encode(ev), search)
+    case, margin = campaign.decode(campaign.encode(ev), search)
     assert torch.equal(case.scores, row) and case.temperature == 0.7  # bit for bit
-    assert (case.kind, case.seed) == ("strata:levels", 12) and ratio == ev.ratio
+    assert (case.kind, case.seed) == ("strata:levels", 12) and margin == ev.margin
 
     def entry(**change):
         base = json.loads(campaign.encode(ev))
@@ -246,9 +246,9 @@ def test_a_witness_found_by_one_process_is_replayed_by_the_next_without_search(t
     first = json.loads((tmp_path / "first.json").read_text())
     assert code == 1 and first["falsified"]
     # the search: battery, strata and polish, no stored case to replay
-    assert first["search"]["phases"] == {"replay": 0, "battery": 225, "strata": 165,
-                                         "polish": 10}
-    assert first["examples"] == 400 and first["search"]["first_witness"]["phase"] == "polish"
+    assert first["search"]["phases"] == {"replay": 0, "battery": 200, "strata": 150,
+                                         "polish": 14}
+    assert first["examples"] == 364 and first["search"]["first_witness"]["phase"] == "polish"
     assert first["database"] == {"location": str(db), "kind": "directory", "temporary": False,
                                  "replayed": 0, "witness_replayed": False, "saved": 1,
                                  "unreadable": 0, "lost": None}
@@ -466,7 +466,7 @@ def test_two_workers_share_redis_and_a_third_run_replays_without_search(redis_se
     found = workers["runs"][workers["found_by"]]
     assert found["falsified"] and data["seed"] == found["seed"]
     assert data["database"]["kind"] == "redis" and data["database"]["location"] == url
-    assert data["database"]["lost"] is None and data["examples"] == 400
+    assert data["database"]["lost"] is None and data["examples"] == 364
     assert f"worker {workers['found_by']} (seed {found['seed']}) found the witness" \
         in proc.stdout
     import redis

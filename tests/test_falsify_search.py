@@ -277,3 +277,161 @@ def test_shrinking_keeps_one_digit_values_as_written():
     scores = res.witness.case.scores.tolist()
     a = max(abs(v) for v in scores)
     assert sorted(scores) == [-a, -a, a]  # one key at +a, two at -a
+
+
+# --------------------------------------------------------------------------------------------
+# The margin: bounds whose right-hand side is <= 0
+
+#: Softmax at (x, -x): max - min = tanh x, above the line 0.8056 + 0.0707 x only for x in about
+#: [1.55, 2.59]. Written with min - max on the left, both sides are negative.
+BAND_NEGATIVE = "min_weight - max_weight >= -0.8056 - 0.0707*a/T"
+
+
+def _band_gap(x: float) -> float:
+    """By hand: how far (x, -x) breaks BAND_NEGATIVE (positive: broken)."""
+    return math.tanh(x) - (0.8056 + 0.0707 * x)
+
+
+def test_the_margin_rises_towards_a_violation_whatever_the_signs():
+    spec, ineq = load_target("softmax"), parse_inequality(BAND_NEGATIVE)
+    margins = []
+    for x in (0.5, 0.8, 1.1, 1.4, 2.0):
+        ev = evaluate(spec, ineq, FalsifyCase(torch.tensor([x, -x], dtype=F64), 1.0, "", 0), {})
+        assert ev.rhs < 0 and ev.lhs < 0 and math.isnan(ev.ratio)  # no meaningful ratio
+        assert ev.fails == (_band_gap(x) > 0)
+        margins.append(ev.margin)
+    assert margins == sorted(margins) and margins[-1] > 0 > margins[-2]  # rises into the band
+    # the same bound with positive sides (max - min <= line) has the same sign of margin
+    flipped = parse_inequality("max_weight - min_weight <= 0.8056 + 0.0707*a/T")
+    ev = evaluate(spec, flipped, FalsifyCase(torch.tensor([2.0, -2.0], dtype=F64), 1.0, "", 0), {})
+    assert ev.fails and ev.margin > 0 and ev.ratio > 1
+
+
+def test_a_bound_with_a_nonpositive_right_side_is_found():
+    res = falsify(load_target("softmax"), BAND_NEGATIVE, CI)
+    assert res.falsified, res.worst.to_json()
+    w = res.witness
+    live_row = live(w.case).tolist()
+    assert len(live_row) == 2
+    x = (max(live_row) - min(live_row)) / 2 / w.case.temperature
+    assert _band_gap(x) > 0  # by hand (a two-key row's weights depend on the gap only)
+    assert w.margin > 0 and math.isnan(w.ratio) and w.to_json()["ratio"] is None
+
+
+# --------------------------------------------------------------------------------------------
+# The polish splits ties
+
+#: sparsemax at (x, -x): one key in the support once 2x >= 1, so n_support = 1 < 1.02/(2x) for
+#: x in [0.5, 0.51); the tie (support 2 = L) holds with equality, and so does every row whose
+#: tied keys move together.
+SUPPORT_BAND = "n_support >= min(L, 1.02*T/(2*a))"
+
+
+def test_the_polish_splits_a_tie_and_finds_a_narrow_band():
+    spec, ineq = load_target("sparsemax"), parse_inequality(SUPPORT_BAND)
+    for x in FS.RATIO_GRID:  # the battery's grid misses the band
+        assert not 0.5 <= x < 0.51
+    search = make_search(spec, ineq, budget(CI, 300))
+    search.begin("battery")
+    tie = search.evaluate(FalsifyCase(torch.tensor([1.0, 1.0], dtype=F64), 1.0, "start", 0))
+    # n_support = 2 >= min(2, 0.51): holds; every tie holds (its keys move together)
+    assert not tie.fails and tie.values["n_support"] == 2 and FS.near_tie(tie.case)
+    starts = FS.polish_starts(search)
+    # the tie itself is not polished: its split, from the tie's level and from +-a
+    assert [s.kind for s in starts] == ["polish:split_1", "polish:spread_1"]
+    search.begin("polish")
+    with pytest.raises(FS._Crossed):
+        FS.run_polish(search)
+    w = search.witness
+    assert w.case.kind in ("polish:split_1", "polish:spread_1")
+    values = sorted(live(w.case).tolist())
+    x = (values[1] - values[0]) / 2 / w.case.temperature
+    assert 0.5 <= x < 0.51  # by hand: support 1 and 1.02/(2x) > 1
+    assert w.values["n_support"] == 1 and search.by_phase["polish"] < 300
+
+
+def test_splits_cover_k_of_one_half_and_all_but_one():
+    row = torch.zeros(8, dtype=F64)
+    kinds = [kind for kind, _, _ in FS.splits(FalsifyCase(row, 1.0, "", 0))]
+    assert kinds == [f"polish:{how}_{k}" for k in (1, 4, 7, 2) for how in ("split", "spread")]
+    groups = FS.splits(FalsifyCase(row, 1.0, "", 0))[2][1]
+    assert int((groups == 0).sum()) == 4  # k = L/2 keys up
+
+
+# --------------------------------------------------------------------------------------------
+# Temperatures far from 1, heavy padding, narrow bands
+
+def test_the_battery_reaches_low_and_high_temperatures_and_heavy_padding():
+    search = make_search(load_target("softmax"), parse_inequality("max_weight <= 1"), CI)
+    cases = list(FS.battery(search))
+    temps = {c.temperature for c in cases}
+    assert {0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0} <= temps
+    pads = {(c.scores.numel() - int(torch.isfinite(c.scores).sum()),
+             int(torch.isfinite(c.scores).sum())) for c in cases}
+    for length in (1, 2, 3, 16, 64):
+        assert {(1, length), (length, length), (3 * length, length),
+                (15 * length, length)} <= pads, length
+    # the sweeps come first: every (length, a/T) pair, then every (length, T) and (length,
+    # padding) pair, within the first few hundred cases
+    first = cases[:len(list(FS.sweeps(search)))]
+    assert {c.temperature for c in first} >= temps
+    assert max(float(live(c).abs().max()) / c.temperature for c in cases) == 300.0
+
+
+def test_a_low_temperature_witness_is_found():
+    # L*max_weight <= exp(7*a/sqrt(T)): (x, -x, ..., -x) at L keys gives L/(1 + (L-1)e^{-2x})
+    # ~ 1 + 2x(L-1)/L against ~ 1 + 7 sqrt(T) x: false only for T < (2(L-1)/(7L))^2 < 0.082
+    text = "L*max_weight <= exp(7*a/sqrt(T))"
+    res = falsify(load_target("softmax"), text, CI)
+    assert res.falsified
+    w = res.witness
+    t, row = w.case.temperature, live(w.case).tolist()
+    assert t < 0.082
+    lhs = len(row) * max(softmax_row([v / t for v in row]))
+    assert lhs > math.exp(7 * max(abs(v) for v in row) / math.sqrt(t))  # by hand
+    # at T = 0.1 and 1 (the old battery's) it holds on the same rows
+    for other in (0.1, 1.0):
+        scaled = [v / t * other for v in row]
+        ev = evaluate(load_target("softmax"), parse_inequality(text),
+                      FalsifyCase(torch.tensor(scaled, dtype=F64), other, "", 0), {})
+        assert not ev.fails
+
+
+def test_a_heavily_padded_witness_is_found():
+    # entropy >= log(L_padded) - 2a/T - 1 holds without padding (H >= log L - 2a/T) and fails
+    # only once log(L_padded/L) > 1 + 2a/T + log L - H: more than e·L keys in the row
+    text = "entropy >= log(L_padded) - 2*a/T - 1"
+    res = falsify(load_target("softmax"), text, CI)
+    assert res.falsified
+    w = res.witness
+    n, padded = int(torch.isfinite(w.case.scores).sum()), w.case.scores.numel()
+    assert padded > math.e * n
+    p = softmax_row([v / w.case.temperature for v in live(w.case).tolist()])
+    entropy = -sum(x * math.log(x) for x in p if x > 0)
+    a = float(live(w.case).abs().max())
+    assert entropy < math.log(padded) - 2 * a / w.case.temperature - 1  # by hand
+
+
+def _sparsemax(z):
+    srt = sorted(z, reverse=True)
+    k, csum = 0, 0.0
+    for i, v in enumerate(srt, 1):
+        if 1 + i * v > csum + v:
+            k, csum = i, csum + v
+    tau = (csum - 1) / k
+    return [max(v - tau, 0.0) for v in z]
+
+
+def test_a_narrow_band_on_long_rows_is_found():
+    # sparsemax, k = L/2 keys at +x and L/2 at -x with full support (x < 1/L): sum p^2 =
+    # 1/L + L x^2, above 1/L + 0.99 L x^2 + 1/L^2 only once 0.01 L x^2 > 1/L^2: x in
+    # (10/L^1.5, 1/L), a band that exists only for L > 100 (L = 256: 0.0024 < x < 0.0039)
+    text = "sum_sq_weight <= 1/L + 0.99*L*(a/T)**2 + 1/L**2"
+    res = falsify(load_target("sparsemax"), text, CI)
+    assert res.falsified
+    w = res.witness
+    row = [v / w.case.temperature for v in live(w.case).tolist()]
+    n, x = len(row), max(abs(v) for v in row)
+    assert n > 100
+    p = _sparsemax(row)
+    assert sum(v * v for v in p) > 1 / n + 0.99 * n * x * x + 1 / n**2  # by hand
