@@ -299,9 +299,8 @@ class Channel:
 
     def _start(self) -> None:
         if not self.isolated:
-            from attnverify.worker import Server
-
             from attnverify.errors import TargetImportFailed
+            from attnverify.worker import Server
 
             self.local = Server()
             try:
