@@ -137,6 +137,17 @@ def test_a_score_mod_keeps_the_properties_that_do_not_depend_on_the_lifting(tmp_
     assert data["targets"][0]["attention"]["score_mod"] == "softcap"
 
 
+def test_lifted_rows_stay_within_a_declared_head_dimension(tmp_path):
+    """The lifting needs d = L: every lifted case, the batteries' rows one key past the
+    longest included, fits the kernel's max_head_dim (it raised on L = max_head_dim + 1)."""
+    code, data = _certify(tmp_path, f"{DECL}:head_dim_16")
+    status = {r["property"]: (r["status"], r.get("message")) for r in
+              data["targets"][0]["results"]}
+    assert code == 0, status
+    for prop in ("shape", "deterministic", "simplex", "batch_independent", "mask_zero"):
+        assert status[prop][0] == "holds", (prop, status[prop])
+
+
 def test_a_side_effect_is_caught_whatever_the_score_mod(tmp_path):
     code, data = _certify(tmp_path, f"{DECL}:softcap_side_effect")
     res = {r["property"]: r for r in data["targets"][0]["results"]}

@@ -58,9 +58,11 @@ def resolve_claims(a: AttentionSpec, claims: list[str] | None) -> list[str]:
 
 def lifted_context(a: AttentionSpec, ctx):
     """``ctx`` for the lifted properties: the dtypes the kernel takes, rows no longer than its
-    head dimension allows."""
+    head dimension allows (the longest one key short of it: the batteries' masked long rows
+    and cases of many entries are one key past the longest)."""
     dtypes = tuple(d for d in ctx.dtypes if a.supports(d)) or (a.dtypes[0],)
-    longest = ctx.max_length if a.max_head_dim is None else min(ctx.max_length, a.max_head_dim)
+    longest = ctx.max_length if a.max_head_dim is None else \
+        min(ctx.max_length, max(1, a.max_head_dim - 1))
     return dataclasses.replace(ctx, dtypes=dtypes, max_length=longest)
 
 
