@@ -40,6 +40,8 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import itertools
+import operator
 import socket
 import sys
 import time
@@ -155,6 +157,95 @@ def _set_cudnn(deterministic, benchmark, tf32) -> None:
     torch.backends.cudnn.allow_tf32 = tf32
 
 
+def _more_flags():
+    """Flags that change which algorithm or rounding later calls get (matmul reductions, SDPA
+    backends, oneDNN, flush-to-zero), the global random generator (reseeded or drawn from) and
+    the fast path of ``nn.MultiheadAttention``: ``[(name, get, set)]``, those this torch has."""
+    import torch
+
+    out = []
+    matmul = torch.backends.cuda.matmul
+    for attr in ("allow_fp16_reduced_precision_reduction",
+                 "allow_bf16_reduced_precision_reduction"):
+        if hasattr(matmul, attr):
+            out.append((f"cuda matmul {attr}", lambda a=attr: getattr(matmul, a),
+                        lambda v, a=attr: setattr(matmul, a, v)))
+    cuda = torch.backends.cuda
+    for backend in ("flash", "mem_efficient", "math", "cudnn"):
+        get, put = getattr(cuda, f"{backend}_sdp_enabled", None), \
+            getattr(cuda, f"enable_{backend}_sdp", None)
+        if get is not None and put is not None:
+            out.append((f"{backend} SDPA backend enabled", get, put))
+    for module, attr in ((torch.backends.mkldnn, "enabled"), (torch.backends.cudnn, "enabled"),
+                         (getattr(torch.backends, "opt_einsum", None), "enabled")):
+        if module is not None and hasattr(module, attr):
+            out.append((f"{module.__name__}.{attr}", lambda m=module, a=attr: getattr(m, a),
+                        lambda v, m=module, a=attr: setattr(m, a, v)))
+    mha = getattr(torch.backends, "mha", None)
+    if mha is not None and hasattr(mha, "get_fastpath_enabled"):
+        out.append(("nn.MultiheadAttention fast path", mha.get_fastpath_enabled,
+                    mha.set_fastpath_enabled))
+    out.append(("flush-to-zero of denormals", _flushes_denormals, torch.set_flush_denormal))
+    out.append(("the global random generator's state (reseeded or drawn from)",
+                _RngState.now, lambda v: torch.set_rng_state(v.state)))
+    return out
+
+
+def _flushes_denormals() -> bool:
+    import torch
+
+    tiny = torch.tensor([1e-310], dtype=torch.float64)
+    return bool((tiny * 1.0)[0] == 0.0)
+
+
+class _RngState:
+    """The CPU generator's state, compared by value."""
+
+    def __init__(self, state) -> None:
+        self.state = state
+
+    @classmethod
+    def now(cls) -> _RngState:
+        import torch
+
+        return cls(torch.get_rng_state())
+
+    def __eq__(self, other) -> bool:
+        import torch
+
+        return isinstance(other, _RngState) and torch.equal(self.state, other.state)
+
+    def __str__(self) -> str:
+        import hashlib
+
+        return f"state {hashlib.sha1(self.state.numpy().tobytes()).hexdigest()[:8]}"
+
+
+def _namespaces():
+    """The public namespaces a target could patch for everybody else in the process: the torch
+    modules a normalizer or attention kernel is written with, ``torch.Tensor`` and its base,
+    and ``builtins``. ``[(label, owner, {name: object})]``, public names (no ``_`` prefix) as
+    they are now; names added later are not changes."""
+    import builtins
+
+    import torch
+    import torch.func
+    import torch.nn.functional
+    import torch.special
+
+    owners = [("torch", torch), ("torch.nn.functional", torch.nn.functional),
+              ("torch.linalg", torch.linalg), ("torch.special", torch.special),
+              ("torch.autograd", torch.autograd), ("torch.func", torch.func),
+              ("torch.fft", torch.fft), ("torch.Tensor", torch.Tensor),
+              ("torch.Tensor", torch._C.TensorBase), ("builtins", builtins)]
+    out = []
+    for label, owner in owners:
+        space = vars(owner)
+        out.append((label, owner, {k: v for k, v in list(space.items())
+                                   if not k.startswith("_")}))
+    return out
+
+
 class StateGuard:
     """Compares the global state after a call with the state before it, and undoes changes.
     The getters and the functions' original objects are taken once, before any target is
@@ -162,7 +253,17 @@ class StateGuard:
 
     def __init__(self) -> None:
         self.functions = _watched_functions()
-        self.flags = _flags()
+        self.flags = _flags() + _more_flags()
+        self.namespaces = _namespaces()
+        #: Public names of ``torch.Tensor``'s bases: a binding of one in ``torch.Tensor``
+        #: itself shadows a method (a patch), where another new name is only an addition.
+        import torch
+
+        self.shadowable = {name for base in torch.Tensor.__mro__[1:]
+                           for name in vars(base) if not name.startswith("_")}
+        self._tensor_size = len(vars(torch.Tensor))
+        self._flat = {id(original): (tuple(original), tuple(original.values()))
+                      for _label, _owner, original in self.namespaces}
 
     def snapshot(self) -> list:
         out = []
@@ -189,13 +290,75 @@ class StateGuard:
                     changes.append(f"{label} could not be restored")
         after = self.snapshot()
         for (name, _get, restore), old, new in zip(self.flags, before, after):
-            if new != old:
+            if not _same(new, old):
                 changes.append(f"{name} changed from {_shown(old)} to {_shown(new)}")
                 try:
                     restore(old)
                 except Exception:  # noqa: BLE001
                     changes.append(f"{name} could not be restored")
+        for label, owner, original in self.namespaces:
+            changes += self._namespace(label, owner, original)
         return changes
+
+    def _namespace(self, label: str, owner, original: dict) -> list[str]:
+        import torch
+
+        changes = []
+        space = vars(owner)
+        keys, values = self._flat[id(original)]
+        if not any(map(operator.is_not, map(space.get, keys, itertools.repeat(_MISSING)),
+                       values)) and (owner is not torch.Tensor or
+                                     len(space) == self._tensor_size):
+            return changes  # nothing rebound (a C-level pass; the details only on a change)
+        for name, value in original.items():
+            now = space.get(name, _MISSING)
+            if now is not value and _torch_rebinds(f"{label}.{name}", value, now):
+                original[name] = now  # torch's own doing: the new binding is the one to keep
+                self._flat[id(original)] = (tuple(original), tuple(original.values()))
+            elif now is not value:
+                changes.append(f"{label}.{name} was replaced")
+                try:
+                    setattr(owner, name, value)
+                except Exception:  # noqa: BLE001
+                    changes.append(f"{label}.{name} could not be restored")
+        if owner is torch.Tensor and len(space) != self._tensor_size:
+            for name in [n for n in space if n in self.shadowable and n not in original]:
+                changes.append(f"{label}.{name} was replaced")
+                try:
+                    delattr(owner, name)
+                except Exception:  # noqa: BLE001
+                    changes.append(f"{label}.{name} could not be restored")
+        return changes
+
+
+#: Public names torch rebinds itself: ``torch.Storage`` follows the default dtype
+#: (``set_default_dtype``), and importing ``torch._dynamo`` (``torch.compile``, FlexAttention)
+#: wraps ``torch.manual_seed``.
+_REBOUND_BY_TORCH = frozenset({"torch.Storage", "torch.manual_seed"})
+
+
+def _torch_rebinds(label: str, old, new) -> bool:
+    """Whether ``new`` replacing ``old`` at ``label`` is torch's own doing: a name of
+    :data:`_REBOUND_BY_TORCH`, the new object defined in torch, and a wrapper only if it wraps
+    the old one."""
+    if label not in _REBOUND_BY_TORCH or not str(getattr(new, "__module__", "")).startswith(
+            "torch"):
+        return False
+    if label == "torch.manual_seed":
+        inner = new
+        for _ in range(8):
+            inner = getattr(inner, "__wrapped__", None)
+            if inner is old:
+                return True
+        return False
+    return isinstance(new, type)
+
+
+def _same(new, old) -> bool:
+    try:
+        return bool(new == old)
+    except Exception:  # noqa: BLE001 - a value that cannot be compared has changed
+        return False
 
 
 def _shown(value) -> str:

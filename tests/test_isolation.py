@@ -67,6 +67,11 @@ def failed(data) -> dict:
     ("default_dtype", "no_side_effects", "default dtype changed"),
     ("patches_torch", "no_side_effects", "torch.autograd.grad was replaced"),
     ("threads", "no_side_effects", "thread count changed"),
+    ("patches_softmax", "no_side_effects", "torch.softmax was replaced"),
+    ("shadows_tensor_method", "no_side_effects", "torch.Tensor.sub was replaced"),
+    ("reseeds", "no_side_effects", "the global random generator's state"),
+    ("flushes_denormals", "no_side_effects", "flush-to-zero of denormals changed"),
+    ("switches_backend", "no_side_effects", "torch.backends.mkldnn.enabled changed"),
     ("forges_answers", "shape", "broke the worker protocol"),
 ])
 def test_tamperer_fails(capsys, tmp_path, name, prop, fragment):

@@ -105,7 +105,8 @@ _ALL = [
           "[rows, L] block with dim=-1", U.check_layout_invariant, universal=True, scale=0.5),
     Property(id="no_side_effects", statement="calling the normalizer (forward, backward, "
              "forward mode) leaves grad mode, default dtype and device, deterministic "
-             "algorithms, matmul precision, thread count and torch's functions as they were; "
+             "algorithms, matmul precision, thread count, backend and rounding switches, the "
+             "global random generator and torch's public functions as they were; "
              "checked on every call of the run, reported last",
              cases=lambda s, c: C.row_cases(s, c, max_length=64),
              check=U.check_no_side_effects, verify=U.verify_no_side_effects,

@@ -563,7 +563,8 @@ def verify_no_side_effects(spec, case, ctx) -> float:
     """Calling the normalizer on this case (forward; forward with grad and a backward pass;
     forward mode) leaves the global state a later call depends on as it was: grad mode, default
     dtype and device, deterministic algorithms, float32 matmul precision, thread count, anomaly
-    mode, and the torch functions the worker uses."""
+    mode, backend and rounding switches, the global random generator, and torch's public
+    functions (:class:`attnverify.worker.StateGuard`)."""
     monitor = monitor_of(spec)
     if monitor is None:
         return 0.0
