@@ -38,10 +38,10 @@ worker leaves behind is reparented to it and killed.
 from __future__ import annotations
 
 import collections
-import os
-import signal
 import itertools
 import operator
+import os
+import signal
 import socket
 import sys
 import time
