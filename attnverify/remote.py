@@ -239,6 +239,20 @@ class Event:
     input: torch.Tensor | None = None
 
 
+@dataclasses.dataclass
+class _Written:
+    """One request's inputs in the arena, to read back again (:meth:`Channel._check_late`)."""
+
+    slots: list
+    expected: list
+    op: str
+    case: Any
+    call: int
+    fn: Any
+    tensors: list
+    seen: bool = False
+
+
 class Monitor:
     """What one target's worker reported over the run: side effects, refused outputs, the
     worker processes it ran in and their sandboxes."""
@@ -252,6 +266,9 @@ class Monitor:
         #: Calls that wrote into their inputs (also in :attr:`refused`).
         self.mutated: list[Event] = []
         self.calls = 0
+        #: Reads every earlier input still in the shared memory back again (the channel's
+        #: :meth:`Channel._check_late`), so that a late write is among :attr:`effects`.
+        self.settle: Any = lambda: None
 
     def mark(self) -> tuple[int, int]:
         return len(self.effects), len(self.refused)
@@ -282,6 +299,7 @@ class Channel:
         self.device = device
         self.isolated = isolated
         self.monitor = Monitor()
+        self.monitor.settle = lambda: self._check_late(everything=True)
         self.description: dict | None = None
         self.pid = 0
         self.sock: socket.socket | None = None
@@ -289,6 +307,9 @@ class Channel:
         self.cursor = 0
         self.next_id = 0
         self.local = None
+        #: Inputs of earlier requests still in the arena, read back again later
+        #: (:meth:`_check_late`): a write after the answer (a thread left running) is seen too.
+        self.written: list[_Written] = []
 
     # ---- lifetime -----------------------------------------------------------------------------
 
@@ -326,6 +347,11 @@ class Channel:
             self._fail("described the target differently when it was loaded again")
 
     def close(self) -> None:
+        if self.sock is not None and self.arena is not None:
+            try:
+                self._check_late(everything=True)
+            except Exception:  # noqa: BLE001 - closing goes on whatever the arena holds
+                pass
         if self.sock is not None:
             try:
                 wire.send(self.sock, {"op": "bye", "id": -1})
@@ -365,6 +391,7 @@ class Channel:
             zygote().kill(self.pid)
         if self.arena is not None:
             self.arena.close()
+        self.written = []
         self.sock, self.arena, self.pid = None, None, 0
 
     def _fail(self, what: str):
@@ -428,7 +455,10 @@ class Channel:
         # each request's tensors further along the arena than the last one's (from the start
         # again where they do not fit): a call's inputs are not where the previous call's were
         if self.cursor + need > self.arena.size:
+            self._check_late(everything=True)  # before their bytes are overwritten
             self.cursor = 0
+        else:
+            self._check_late(everything=False)
         layout = wire.Layout(self.cursor)
         slots = [wire.write_tensor(self.arena, layout, t, device=str(t.device)) for t in tensors]
         outs = [wire.output_slot(layout, shape, dtype or torch.float64, "cpu")
@@ -445,6 +475,9 @@ class Channel:
             heartbeat.charge(time.monotonic() - sent)  # the target's time, not attnverify's
         self._record(reply, message["op"], tensors, message.get("fn"))
         self._check_inputs(slots, tensors, message, reply)
+        self.written.append(_Written(slots, self._expected(tensors, message), message["op"],
+                                     heartbeat.current_case(), self.monitor.calls,
+                                     message.get("fn"), tensors))
         if not reply["ok"]:
             self._raise(reply, message["op"], tensors, message.get("fn"))
         results = []
@@ -458,12 +491,9 @@ class Channel:
         a difference is the target writing into its arguments (the worker gives a CPU target
         the arena's bytes themselves, so this is read here, not reported by the worker).
         Refused (a violation of the running property), and kept for ``no_mutation``."""
-        expected = list(range(len(tensors)))
-        for i, call in enumerate(message.get("calls") or ()):
-            if isinstance(call, dict) and type(call.get("reuse")) is int:
-                expected[call["reuse"]] = i  # given call i's values after it returned
+        expected = self._expected(tensors, message)
         for i, (slot, t) in enumerate(zip(slots, tensors)):
-            if slot.elements and not _same_bytes(self.arena, slot, tensors[expected[i]]):
+            if slot.elements and not _same_bytes(self.arena, slot, expected[i]):
                 call = next((k for k, c in enumerate(message.get("calls") or ())
                              if c.get("args") and c["args"][0] == {"$tensor": i}), None)
                 where = "" if call is None else f" (call {call + 1} of the request)"
@@ -474,6 +504,40 @@ class Channel:
                                                   self._scores([t], message.get("fn"))))
                 self.monitor.mutated.append(self.monitor.refused[-1])
                 raise Refused(what)
+
+    @staticmethod
+    def _expected(tensors: list, message: dict) -> list:
+        """What each input slot must hold after the answer: its own values, or those of the
+        call that reused its storage (given call i's values after it returned)."""
+        expected = list(range(len(tensors)))
+        for i, call in enumerate(message.get("calls") or ()):
+            if isinstance(call, dict) and type(call.get("reuse")) is int:
+                expected[call["reuse"]] = i
+        return [tensors[j] for j in expected]
+
+    def _check_late(self, everything: bool) -> None:
+        """The inputs of earlier requests read back again: the last request's (``everything``
+        false: at each request) or all still in the arena (before the arena is written over
+        from its start, replaced or closed). A change since the answer is the target writing
+        into its input after the call returned (a thread, a stream left running): a side
+        effect on the request it was given to (``no_side_effects``)."""
+        if not self.written or self.arena is None:
+            return
+        pending = self.written if everything else self.written[-1:]
+        for entry in pending:
+            if entry.seen:
+                continue
+            for slot, want in zip(entry.slots, entry.expected):
+                if slot.elements and not _same_bytes(self.arena, slot, want):
+                    entry.seen = True
+                    self.monitor.effects.append(Event(
+                        f"{MUTATED} after the call returned (seen {self.monitor.calls - entry.call}"
+                        " requests later): a thread or stream of the target's kept writing into "
+                        "its argument", entry.op, entry.case, entry.call,
+                        self._scores(entry.tensors, entry.fn)))
+                    break
+        if everything:
+            self.written = []
 
     def _check_local_inputs(self, fresh, given, tensors, message) -> None:
         """:meth:`_check_inputs` in this process (``--no-isolation``): the inputs after the
@@ -535,7 +599,9 @@ class Channel:
             arena.close()
             self._fail("could not map the shared memory")
         if self.arena is not None:
+            self._check_late(everything=True)
             self.arena.close()
+        self.written = []
         self.arena, self.cursor = arena, 0
 
     def _record(self, reply: dict, op: str, tensors: list, fn) -> None:

@@ -68,6 +68,8 @@ def failed(data) -> dict:
     ("patches_torch", "no_side_effects", "torch.autograd.grad was replaced"),
     ("threads", "no_side_effects", "thread count changed"),
     ("patches_softmax", "no_side_effects", "torch.softmax was replaced"),
+    # right weights; a thread zeroes the argument after the call returned
+    ("writes_input_later", "no_side_effects", "wrote into its input after the call returned"),
     ("shadows_tensor_method", "no_side_effects", "torch.Tensor.sub was replaced"),
     ("reseeds", "no_side_effects", "the global random generator's state"),
     ("flushes_denormals", "no_side_effects", "flush-to-zero of denormals changed"),

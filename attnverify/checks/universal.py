@@ -545,15 +545,23 @@ def event_case(event):
     return case._replace(scores=scores, **({"layout": None} if "layout" in fields else {}))
 
 
+#: How a write into an input is reported (:data:`attnverify.remote.MUTATED`; not imported:
+#: the checks do not import the channel).
+MUTATED = "the target wrote into its input"
+
+
 def check_no_side_effects(spec, case, ctx) -> float:
     """:func:`verify_no_side_effects` on this case, and no side effect seen earlier in the run
     (in any property, by any request: forward, backward, forward mode)."""
     verify_no_side_effects(spec, case, ctx)
     monitor = monitor_of(spec)
+    if monitor is not None and callable(getattr(monitor, "settle", None)):
+        monitor.settle()  # earlier inputs read back again: a write after a call returned
     if monitor is not None and monitor.effects:
         event = monitor.effects[0]
         raise Violation(f"a call of the normalizer ({event.op} request, call {event.call} of the "
-                        f"run) changed the global state: {event.what} (the worker restored it)",
+                        f"run) changed the global state: {event.what}"
+                        f"{'' if event.what.startswith(MUTATED) else ' (the worker restored it)'}",
                         observed=len(monitor.effects), bound=0, ratio=math.inf,
                         changes=[e.what for e in monitor.effects[:8]], case=event_case(event))
     return 0.0
