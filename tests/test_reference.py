@@ -184,3 +184,45 @@ def test_cli_reference_option(tmp_path):
     assert status["matches_reference"] == "violated"
     bad = run_cli("certify", "softmax", "--reference", "no_such_normalizer")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# Rounding the scaled logits: a kernel in float16 rounds z/T once before it normalizes
+
+LOW = str(Path(__file__).parent / "fixtures" / "low_precision.py")
+
+
+def test_rounded_scalings_by_hand():
+    from attnverify.checks.base import rounded_scalings
+
+    scores = torch.tensor([2.900390625, 0.0], dtype=torch.float16)  # exact in float16
+    # z/T = 9.66796875 exactly in float64; float16 has steps of 2**-7 between 8 and 16, so the
+    # kernel's z/T is 9.671875; times 1/T, with 1/0.3 rounded to 3.333984375, it is 9.671875
+    div, mul = rounded_scalings(scores, 0.3)
+    assert div.dtype == F64 and float(div[0]) / 0.3 == pytest.approx(9.671875, abs=1e-12)
+    assert float(mul[0]) / 0.3 == pytest.approx(9.671875, abs=1e-12)
+    assert float(div[1]) == 0.0
+    assert rounded_scalings(scores, 1.0) == [] and rounded_scalings(scores.double(), 0.3) == []
+    masked = torch.tensor([1.0, float("-inf")], dtype=torch.float16)
+    assert all(float(m[1]) == float("-inf") for m in rounded_scalings(masked, 3.0))
+    # an overflow of the dtype is not excused: no scaled scores where z/T is not finite
+    assert rounded_scalings(torch.tensor([60000.0], dtype=torch.float16), 0.5) == []
+
+
+LOW_CTX = make_context("ci", seed=0, dtypes="float16,bfloat16,float32")
+
+
+@pytest.mark.parametrize("attr", ["divides", "multiplies"])
+def test_a_half_precision_kernel_rounding_z_over_t_matches(attr):
+    """At T = 3 every logit of a float16 kernel is z/T rounded: without the slack for that
+    rounding both properties failed on rows of two keys (a false alarm)."""
+    spec = load_target(f"{LOW}:{attr}", {"temperature": 3.0}).with_reference("softmax")
+    for prop in ("matches_reference", "dtype_agreement"):
+        res = run_property(PROPERTIES[prop], spec, LOW_CTX)
+        assert res.status == "holds", (prop, res.message)
+
+
+def test_a_temperature_half_a_percent_off_still_fails():
+    spec = load_target(f"{LOW}:temperature_off", {"temperature": 3.0}).with_reference("softmax")
+    res = run_property(MATCHES, spec, LOW_CTX)
+    assert res.status == "violated" and "differ from the reference" in res.message

@@ -313,6 +313,26 @@ def mismatch_message(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, 
     )
 
 
+def rounded_scalings(scores: torch.Tensor, temperature) -> list[torch.Tensor]:
+    """Float64 scores ``z'`` whose ``z'/T`` is ``z/T`` rounded once to the scores' dtype, as a
+    kernel computing in that dtype rounds it (``z / T``, and ``z`` times ``1/T`` rounded);
+    none in float64, at ``T = 1``, or where a rounded value is not finite (an overflow of the
+    dtype stays a failure). Masked keys stay masked."""
+    dtype = scores.dtype
+    if temperature is None or float(temperature) == 1.0 or dtype == torch.float64 or \
+            not dtype.is_floating_point:
+        return []
+    t = float(temperature)
+    z = scores.to(torch.float64)
+    live = torch.isfinite(z)
+    out = []
+    for scaled in (scores / t, scores * torch.tensor(1.0 / t, dtype=dtype)):
+        rounded = scaled.to(dtype).to(torch.float64)
+        if bool(torch.isfinite(rounded[live]).all()):
+            out.append(torch.where(live, rounded * t, z))
+    return out
+
+
 def describe_dtype(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
