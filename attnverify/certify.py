@@ -25,7 +25,7 @@ from attnverify import heartbeat
 from attnverify.checks import PROPERTIES, Property, Violation, properties_for
 from attnverify.checks.base import (
     Context,
-    NoGraph,
+    Deferred,
     NormalizerError,
     monitor_of,
     positive_temperature,
@@ -316,8 +316,9 @@ class _State:
         self.last: Any = None
         self.reproduces = True
         self.coverage = Coverage()
-        #: Cases on which the output carried no autograd graph (:class:`NoGraph`), in order.
-        self.no_graph: list = []
+        #: Cases the check could not judge alone (:class:`~attnverify.checks.base.Deferred`:
+        #: no autograd graph, float64 refused, too few rows judged), by kind, in order.
+        self.deferred: dict[type, list] = {}
 
 
 #: Cases of more entries than this report no ``hypothesis.target``: Hypothesis's target phase
@@ -447,17 +448,13 @@ def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
     except Exception as exc:  # noqa: BLE001 - classified below
         exc = _unwrap(exc)
         failures.append((getattr(exc, "attnverify_case", state.last), exc))
-    if state.no_graph and not failures:
-        if len(state.no_graph) >= state.examples:
-            return _finish(prop, claimed, "not_applicable", state, start,
-                           f"the output carries no autograd graph on any of the "
-                           f"{state.examples} inputs tried (not differentiable)", None, spec, ctx)
-        case, _ = state.no_graph[0]
-        others = state.examples - len(state.no_graph)
-        failures.append((case, NoGraph(
-            f"the output carries no autograd graph on this input, though it carries one on "
-            f"{others} other input{'s' if others != 1 else ''}: its derivative would be lost "
-            "here without a word")))
+    if state.deferred and not failures:
+        verdict = _decide_deferred(state)
+        if verdict is not None and verdict[0] == "not_applicable":
+            return _finish(prop, claimed, "not_applicable", state, start, verdict[1], None,
+                           spec, ctx)
+        if verdict is not None:
+            failures.append(verdict[1:])
     if not failures:
         return _finish(prop, claimed, "holds", state, start, "", None, spec, ctx)
     # the normalizer's failures before any fault of the search (a flaky run, no valid case), then
@@ -466,8 +463,8 @@ def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
                                              _size(f[0]), not isinstance(f[1], Violation)))
     found = exc
     case, exc, state.reproduces = _exact_and_minimal(prop, spec, ctx, case, exc)
-    if isinstance(exc, NoGraph) and isinstance(found, NoGraph):
-        exc = found  # the unit-wide message (how many inputs did carry a graph)
+    if isinstance(found, Deferred) and type(exc) is type(found):
+        exc = found  # the unit-wide message (how many other inputs were judged)
     state.last = case
     if isinstance(exc, Violation):
         return _finish(prop, claimed, "violated", state, start, exc.message, exc, spec, ctx)
@@ -480,6 +477,23 @@ def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
     return _finish(prop, claimed, "error", state, start, message, None, spec, ctx)
 
 
+def _decide_deferred(state: _State):
+    """The unit's verdict on the cases deferred to it (:class:`Deferred`), kind by kind: the
+    first failure (its case the smallest of that kind's), else ``("not_applicable", why)`` when
+    a kind says so, else ``None``."""
+    verdicts = []
+    for kind, hits in state.deferred.items():
+        elsewhere = sum(len(h) for k, h in state.deferred.items() if k is not kind)
+        smallest_first = sorted(hits, key=lambda hit: _size(hit[0]))
+        verdict = kind.decide(smallest_first, state.examples, elsewhere)
+        if verdict is not None:
+            verdicts.append(verdict)
+    failed = [v for v in verdicts if v[0] == "failed"]
+    if failed:
+        return failed[0]
+    return verdicts[0] if verdicts else None
+
+
 def _evaluate(prop: Property, spec, ctx, state: _State, case) -> float:
     state.examples += 1
     state.last = case
@@ -487,8 +501,8 @@ def _evaluate(prop: Property, spec, ctx, state: _State, case) -> float:
     heartbeat.example_started(case)  # the watchdog's clock (no-op outside a worker)
     try:
         ratio = float(prop.check(spec, case, ctx))
-    except NoGraph as exc:  # judged over every case of the unit (_no_graph)
-        state.no_graph.append((case, exc))
+    except Deferred as exc:  # decided over every case of the unit (_decide_deferred)
+        state.deferred.setdefault(type(exc), []).append((case, exc))
         return 0.0
     except Exception as exc:
         exc.attnverify_case = case  # the failing case, whatever Hypothesis runs after it

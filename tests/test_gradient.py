@@ -71,9 +71,21 @@ def test_double_backward_claim():
 
 
 def test_no_autograd_graph_is_not_applicable():
-    assert status("numpy_softmax", "gradient") == "not_applicable"
+    res = run_property(PROPERTIES["gradient"], planted("numpy_softmax"), CTX)
+    assert res.status == "not_applicable" and "gradients not checked" in res.message
+    assert [u.status for _, u in res.units] == ["not_applicable", "not_applicable"]
+
+
+def test_a_float32_kernel_has_its_float32_derivatives_checked():
+    """Raising on float64 scores makes the float64 unit not applicable (decided over all its
+    cases), not the property: the float32 unit checks the float32 backward."""
     res = run_property(PROPERTIES["gradient"], planted("float32_only_softmax"), CTX)
-    assert res.status == "not_applicable" and "float64" in res.message
+    units = dict(res.units)
+    assert res.status == "holds", res.message
+    assert units["float32"].status == "holds" and units["float32"].examples > 10
+    assert units["float64"].status == "not_applicable"
+    assert "float64 not checked" in units["float64"].message
+    assert "on every one of the" in units["float64"].message
 
 
 def test_every_builtin_gradient_holds_on_kinks():

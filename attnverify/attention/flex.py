@@ -175,8 +175,8 @@ def flex(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
     (:data:`HEADS` query heads; with GQA :data:`GQA_KV_HEADS` key/value heads, each with its
     query heads padded to a group of :data:`GQA_GROUP`), one call per chunk; at least 2 queries
     and keys (size 1 would be specialised), head dimensions zero-padded to 64 or 128, the mask as
-    one bias, the query and key dimensions marked dynamic, the scale applied to ``q`` beforehand (a
-    float argument would be compiled in as a constant: one graph per scale). Padded queries are
+    one bias, the query and key dimensions marked dynamic, the scale applied to ``q`` beforehand
+    (a float argument would be compiled in as a constant: one graph per scale). Padded queries are
     sliced away and padded keys masked, so the result is the kernel's on the true inputs; ALiBi
     slopes follow the true head index."""
     b, heads, l_q, d = q.shape

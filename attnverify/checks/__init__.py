@@ -136,15 +136,15 @@ _ALL = [
              "float16 / bfloat16 too when --dtypes asks", cases=R.reference_cases,
              check=R.check_matches_reference, explicit=R.reference_battery,
              applies=R.needs_reference, examples_scale=0.4, dtypes=_reference_units),
-    Property(id="gradient", statement="reverse mode (and forward mode where it exists) matches "
-             "float64 central differences along random directions; kinks are stepped over",
-             cases=G.gradient_cases, check=G.check_gradient, explicit=G.gradient_battery,
-             applies=G.differentiable, universal=True, examples_scale=0.3, dtypes=_f64),
+    Property(id="gradient", statement="with grad enabled the weights are those without; "
+             "reverse mode (and forward mode where it exists) matches central differences "
+             "along random directions (taken in float64), per float32 / float64 unit; kinks are "
+             "stepped over", cases=G.gradient_cases, check=G.check_gradient,
+             explicit=G.gradient_battery, universal=True, examples_scale=0.3),
     Property(id="double_backward", statement="the gradient is differentiable (grad of grad) and "
-             "its derivative matches float64 central differences of the gradient",
-             cases=G.gradient_cases, check=G.check_double_backward,
-             explicit=G.gradient_battery, applies=G.differentiable, examples_scale=0.2,
-             dtypes=_f64),
+             "its derivative matches central differences of the gradient (taken in float64), "
+             "per float32 / float64 unit", cases=G.gradient_cases,
+             check=G.check_double_backward, explicit=G.gradient_battery, examples_scale=0.2),
     # ---- paper A
     Property(id="lemma1_weight_bounds", statement="C1/L ≤ α_i ≤ C2/L for logits in [−a, a], "
              "C2 = max F / min F (Lemma 1)", cases=C.bounded_cases, check=P.check_lemma1,

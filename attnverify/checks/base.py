@@ -46,16 +46,103 @@ class Violation(AssertionError):
         self.details = details
 
 
-class NoGraph(Violation):
+class Deferred(Violation):
+    """A case a property cannot judge on its own: the runner (:func:`attnverify.certify.run_unit`)
+    collects these on every case of a unit and decides over them all (:meth:`decide`). Checked
+    alone (a repro, a shrinking step), such a case is a violation."""
+
+    @classmethod
+    def decide(cls, hits: list, examples: int, elsewhere: int):
+        """The unit's verdict from ``hits`` (``[(case, exception)]``, in order) among
+        ``examples`` cases, ``elsewhere`` of which were deferred for another reason: ``None``
+        (the unit stands), ``("not_applicable", message)``, or ``("failed", case,
+        exception)``."""
+        raise NotImplementedError
+
+
+class NoGraph(Deferred):
     """The output carries no autograd graph on this input: a property that differentiates the
-    normalizer cannot judge it here. The runner (:func:`attnverify.certify.run_unit`) decides
-    over every case of the unit: on none of them a graph, the property is not applicable (a
-    normalizer that is not differentiable); on some but not others, a violation on the first
-    input without one (its derivative would be lost there without a word)."""
+    normalizer cannot judge it here. Decided over every case of the unit: on none of them a
+    graph, the property is not applicable (a normalizer that is not differentiable, and the
+    message says its gradients were not checked); on some but not others, a violation on the
+    first input without one (its derivative would be lost there without a word)."""
 
     def __init__(self, message: str = "the output carries no autograd graph on this input",
                  **kw):
         super().__init__(message, observed=1, bound=0, ratio=math.inf, **kw)
+
+    @classmethod
+    def decide(cls, hits, examples, elsewhere):
+        if len(hits) >= examples:
+            return ("not_applicable", f"gradients not checked: the output carries no autograd "
+                    f"graph on any of the {examples} inputs tried (the normalizer is not "
+                    "differentiable)")
+        others = examples - len(hits) - elsewhere
+        if others <= 0:
+            return None  # the other cases were deferred for another reason, decided there
+        return ("failed", hits[0][0], cls(
+            f"the output carries no autograd graph on this input, though it carries one on "
+            f"{others} other input{'s' if others != 1 else ''}: its derivative would be lost "
+            "here without a word"))
+
+
+class NoFloat64(Deferred):
+    """The normalizer raises on this input's float64 scores and takes them as float32: the
+    float64 derivatives cannot be checked here. Decided over every case of the unit: raising
+    on every one is "not applicable" (a float32 kernel; its float32 unit checks its
+    derivatives), on some a violation (float64 works elsewhere)."""
+
+    def __init__(self, cause: str, message: str | None = None, **kw):
+        self.cause = cause
+        super().__init__(message or f"the normalizer raised {cause} on float64 scores, though "
+                         "it takes these scores as float32", observed=1, bound=0,
+                         ratio=math.inf, **kw)
+
+    @classmethod
+    def decide(cls, hits, examples, elsewhere):
+        cause = hits[0][1].cause
+        if len(hits) >= examples:
+            return ("not_applicable", f"float64 not checked: the normalizer raises on float64 "
+                    f"scores on every one of the {examples} inputs tried ({cause}) and takes "
+                    "them as float32; its derivatives are checked on float32 scores (the "
+                    "float32 unit)")
+        others = examples - len(hits) - elsewhere
+        if others <= 0:
+            return None
+        return ("failed", hits[0][0], cls(cause, (
+            f"the normalizer raised {cause} on the float64 scores of this input, though it "
+            f"takes float64 scores on {others} other input{'s' if others != 1 else ''}")))
+
+
+class Unjudged(Deferred):
+    """Fewer than half the rows of this input could be judged: at every step tried, the
+    difference quotients of the map disagree (:mod:`attnverify.checks.gradient`). A kink at an
+    exact tie does that to some inputs of a correct normalizer; a map whose values are noisy
+    (or that answers finite-difference probes with noise) does it to most. Decided over every
+    case of the unit: more than :data:`JUDGED_FLOOR` of them unjudged fails the property."""
+
+    def __init__(self, message: str, *, judged: int = 0, rows: int = 0, **kw):
+        self.judged, self.rows = judged, rows
+        super().__init__(message, observed=judged, bound=rows, ratio=math.inf, **kw)
+
+    @classmethod
+    def decide(cls, hits, examples, elsewhere):
+        judgeable = examples - elsewhere
+        if judgeable <= 0 or len(hits) <= JUDGED_FLOOR * judgeable:
+            return None
+        first = hits[0][1]
+        return ("failed", hits[0][0], cls(
+            f"the derivative could not be judged on {len(hits)} of the {judgeable} inputs "
+            f"tried (fewer than half of their rows each; on this one {first.judged} of "
+            f"{first.rows}): the difference quotients disagree at every step tried, so the "
+            "map's values are noisy, or not smooth, where a smooth map is expected",
+            judged=first.judged, rows=first.rows))
+
+
+#: The most inputs of a unit that may go unjudged (:class:`Unjudged`), as a fraction: every
+#: built-in judges at least 3/4 of its inputs on every unit (sa_softmax, whose exact ties are
+#: kinks, the fewest), every other built-in all of them.
+JUDGED_FLOOR = 0.5
 
 
 @dataclass(frozen=True)

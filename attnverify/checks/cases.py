@@ -147,27 +147,32 @@ def longest_row(rows: int, elements: int) -> int:
 
 
 def row_cases(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None, max_length=None,
-              min_batch=1, many=True):
+              min_batch=1, many=True, long_share=None):
     """Rows of the adversarial kinds in every layout ``spec`` takes: 1–4 rows, or (one case in
     four, ``many``) a row count just past a chunk boundary up to :data:`MANY_ROWS`, with short
     rows (:data:`ELEMENTS` entries) or, one such case in :data:`LARGE_SHARE`, rows up to
     ``ctx.max_elements`` entries in all; lengths that cross powers of two; any rank, axis and
-    memory layout, features combined."""
+    memory layout, features combined. ``long_share`` ``N``: rows up to ``max_length`` keys
+    but for one case in ``N``, whose rows go up to the profile's longest (``ctx.max_length``)."""
     kinds = _kinds(spec, kinds, allow_mask)
-    options = (kinds, tuple(dtypes or ctx.full_dtypes), max_length or ctx.max_length,
+    longest = ctx.max_length
+    options = (kinds, tuple(dtypes or ctx.full_dtypes), max_length or longest,
                min_batch, MANY_ROWS if many else 4, space_of(spec), ctx.device,
-               max(ELEMENTS, getattr(ctx, "max_elements", ELEMENTS)))
+               max(ELEMENTS, getattr(ctx, "max_elements", ELEMENTS)),
+               (longest, long_share) if long_share else None)
     return _row_cases(options, _temperature(spec, ctx))
 
 
 @st.composite
 def _row_cases(draw, options, temperature) -> RowCase:
-    kinds, dtypes, max_length, min_batch, many, space, device, large = options
+    kinds, dtypes, max_length, min_batch, many, space, device, large, long_rows = options
     kind = draw(_choices(kinds))
     dtype = draw(_choices(dtypes))
     fewest = max(min_batch, 2 if kind == "mixed_scale" else 1)
     few = max(fewest, 4)
     rows = draw(LY.row_counts(min_rows=fewest, max_rows=few, many=many))
+    if long_rows is not None and draw(LY.ints(0, long_rows[1] - 1)) == long_rows[1] - 1:
+        max_length = long_rows[0]  # shrinks towards the short rows (draws 0 … N - 2)
     lo, hi = _kind_bounds(kind, 1, max_length)
     longest = ELEMENTS // rows
     if rows > few and large > ELEMENTS and draw(LY.ints(0, LARGE_SHARE - 1)) == LARGE_SHARE - 1:

@@ -165,8 +165,9 @@ def _accepts(ref: NormalizerSpec, name: str) -> bool:
 
 
 def evaluate_reference(spec: NormalizerSpec, ref: NormalizerSpec, scores: torch.Tensor,
-                       temperature: float | None) -> torch.Tensor:
-    """The reference's weights in float64 for ``scores`` at ``spec``'s parameters."""
+                       temperature: float | None, *, graph: bool = False) -> torch.Tensor:
+    """The reference's weights in float64 for ``scores`` at ``spec``'s parameters (``graph``:
+    differentiable in ``scores``, for the derivatives of :mod:`attnverify.checks.gradient`)."""
     z = scores.to(F64)
     params = {k: v for k, v in spec.params.items() if k != "temperature" and _accepts(ref, k)}
     t = temperature if temperature is not None else spec.params.get("temperature")
@@ -180,6 +181,8 @@ def evaluate_reference(spec: NormalizerSpec, ref: NormalizerSpec, scores: torch.
     except Exception as exc:  # noqa: BLE001 - the reference's fault, told apart
         raise ReferenceFailure(f"the reference {ref.target or ref.id!r} raised "
                                f"{NormalizerError(exc)}") from exc
+    if graph:
+        return torch.as_tensor(out).to(device="cpu", dtype=F64)
     return as_float64(torch.as_tensor(out))
 
 

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from attnverify.checks.base import NoGraph, NormalizerError, Violation
+from attnverify.checks.base import Deferred, NormalizerError, Violation
 from attnverify.strategies.layouts import Layout, build_layout, plain
 
 MAX_CHECKS = 400
@@ -60,8 +60,8 @@ KEY_FIELDS = ("x",)
 
 
 def _kind(exc: BaseException) -> str | None:
-    if isinstance(exc, NoGraph):  # no derivative to judge: not the failure being shrunk
-        return "no graph"
+    if isinstance(exc, Deferred):  # no graph, float64 refused, unjudged: each its own failure
+        return type(exc).__name__
     if isinstance(exc, Violation):
         return "violation"
     if isinstance(exc, NormalizerError):
