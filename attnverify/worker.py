@@ -261,9 +261,8 @@ class StateGuard:
 
         self.shadowable = {name for base in torch.Tensor.__mro__[1:]
                            for name in vars(base) if not name.startswith("_")}
+        self._tensor = torch.Tensor
         self._tensor_size = len(vars(torch.Tensor))
-        self._flat = {id(original): (tuple(original), tuple(original.values()))
-                      for _label, _owner, original in self.namespaces}
 
     def snapshot(self) -> list:
         out = []
@@ -301,27 +300,23 @@ class StateGuard:
         return changes
 
     def _namespace(self, label: str, owner, original: dict) -> list[str]:
-        import torch
-
         changes = []
         space = vars(owner)
-        keys, values = self._flat[id(original)]
-        if not any(map(operator.is_not, map(space.get, keys, itertools.repeat(_MISSING)),
-                       values)) and (owner is not torch.Tensor or
-                                     len(space) == self._tensor_size):
+        tensor = owner is self._tensor
+        if not any(map(operator.is_not, map(space.get, original, itertools.repeat(_MISSING)),
+                       original.values())) and (not tensor or len(space) == self._tensor_size):
             return changes  # nothing rebound (a C-level pass; the details only on a change)
-        for name, value in original.items():
+        for name, value in list(original.items()):
             now = space.get(name, _MISSING)
             if now is not value and _torch_rebinds(f"{label}.{name}", value, now):
                 original[name] = now  # torch's own doing: the new binding is the one to keep
-                self._flat[id(original)] = (tuple(original), tuple(original.values()))
             elif now is not value:
                 changes.append(f"{label}.{name} was replaced")
                 try:
                     setattr(owner, name, value)
                 except Exception:  # noqa: BLE001
                     changes.append(f"{label}.{name} could not be restored")
-        if owner is torch.Tensor and len(space) != self._tensor_size:
+        if tensor and len(space) != self._tensor_size:
             for name in [n for n in space if n in self.shadowable and n not in original]:
                 changes.append(f"{label}.{name} was replaced")
                 try:

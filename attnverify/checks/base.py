@@ -366,31 +366,37 @@ def sum_tolerance(dtype: torch.dtype, length: int) -> float:
     return t.atol + t.rtol * math.sqrt(max(length, 1))
 
 
-def _diff_allowed(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, scale: float):
-    """``(|got − want|, scale·(atol + rtol·|want|))`` in float64; equal NaNs and equal infinities
-    count as no difference, any other NaN as an infinite one."""
+def _diff_allowed(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, scale: float,
+                  slack: torch.Tensor | None = None):
+    """``(|got − want|, scale·(atol + rtol·|want|) + slack)`` in float64; equal NaNs and equal
+    infinities count as no difference, any other NaN as an infinite one. ``slack``: an
+    elementwise allowance on top (:func:`rounded_scalings`)."""
     t = tol_for(dtype)
     g, w = as_float64(got), as_float64(want)
     allowed = scale * (t.atol + t.rtol * w.abs().nan_to_num(0.0, 0.0, 0.0))
+    if slack is not None:
+        allowed = allowed + slack
     diff = (g - w).abs()
     agree = (torch.isnan(g) & torch.isnan(w)) | (torch.isinf(g) & (g == w))
     diff = torch.where(agree, torch.zeros_like(diff), diff).nan_to_num(nan=math.inf)
     return diff, allowed
 
 
-def close_mask(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
-    """Elementwise ``|got − want| ≤ scale·(atol + rtol·|want|)``; returns (ok, excess).
+def close_mask(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, scale: float = 1.0,
+               slack: torch.Tensor | None = None):
+    """Elementwise ``|got − want| ≤ scale·(atol + rtol·|want|) + slack``; returns (ok, excess).
 
     ``excess`` is the largest ratio |diff| / allowed, so ≤ 1 means within tolerance.
     """
-    diff, allowed = _diff_allowed(got, want, dtype, scale)
+    diff, allowed = _diff_allowed(got, want, dtype, scale, slack)
     ratio = diff / allowed
     return bool((ratio <= 1).all()), float(ratio.max()) if ratio.numel() else 0.0
 
 
-def mismatch_message(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, scale=1.0) -> str:
+def mismatch_message(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, scale=1.0,
+                     slack: torch.Tensor | None = None) -> str:
     """torch.testing-style summary: "Mismatched elements: 3 / 100 (3.0%) …"."""
-    diff, allowed = _diff_allowed(got, want, dtype, scale)
+    diff, allowed = _diff_allowed(got, want, dtype, scale, slack)
     n, total = int((diff > allowed).sum()), diff.numel()
     idx = int(torch.argmax(diff - allowed)) if total else 0
     return (
@@ -418,6 +424,16 @@ def rounded_scalings(scores: torch.Tensor, temperature) -> list[torch.Tensor]:
         if bool(torch.isfinite(rounded[live]).all()):
             out.append(torch.where(live, rounded * t, z))
     return out
+
+
+def moved_by(want: torch.Tensor, others: list[torch.Tensor]) -> torch.Tensor:
+    """``max |other − want|`` elementwise over ``others`` of ``want``'s shape (zero where there
+    are none, and where a difference is not a number): how far a rounding moves ``want``."""
+    slack = torch.zeros_like(want)
+    for other in others:
+        if other.shape == want.shape:
+            slack = torch.maximum(slack, (other - want).abs().nan_to_num(0.0, 0.0, 0.0))
+    return slack
 
 
 def describe_dtype(dtype: torch.dtype) -> str:

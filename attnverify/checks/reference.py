@@ -34,7 +34,10 @@ from attnverify.checks.base import (
     Violation,
     _diff_allowed,
     as_float64,
+    close_mask,
     describe_dtype,
+    mismatch_message,
+    moved_by,
     rounded_scalings,
 )
 from attnverify.checks.layout import case_weights
@@ -203,22 +206,14 @@ def check_matches_reference(spec, case, ctx) -> float:
         return 0.0
     slack = scaling_slack(spec, ref, scores, case.temperature, want)
     got, want, slack = got[judged], want[judged], slack[judged]
-    diff, allowed = _diff_allowed(got, want, dtype, 1.0)
-    allowed = allowed + slack
-    ratio = diff / allowed
-    excess = float(ratio.max()) if ratio.numel() else 0.0
-    if not bool((ratio <= 1).all()):
-        worst = int(ratio.nan_to_num(math.inf).amax(-1).argmax())
+    ok, excess = close_mask(got, want, dtype, slack=slack)
+    if not ok:
+        worst = _worst_row(got, want, dtype, slack)
         bad = int(judged.nonzero().flatten()[worst])
-        n, total = int((diff > allowed).sum()), diff.numel()
-        idx = int(torch.argmax(diff - allowed)) if total else 0
         raise Violation(
             f"weights differ from the reference {reference_label(spec)} ({describe_dtype(dtype)}"
-            f", T={case.temperature}): Mismatched elements: {n} / {total} "
-            f"({100.0 * n / max(total, 1):.1f}%); greatest absolute difference: "
-            f"{float(diff.flatten()[idx]):.3g} at index {idx} (up to "
-            f"{float(allowed.flatten()[idx]):.3g} allowed); row {bad}: got "
-            f"{_short(got[worst])}, reference {_short(want[worst])}",
+            f", T={case.temperature}): {mismatch_message(got, want, dtype, slack=slack)}; row "
+            f"{bad}: got {_short(got[worst])}, reference {_short(want[worst])}",
             observed=excess, bound=1, ratio=excess, row=bad,
         )
     return excess
@@ -229,17 +224,13 @@ def scaling_slack(spec, ref, scores: torch.Tensor, temperature, want: torch.Tens
     scores' dtype, as a kernel computing in that dtype must round them: ``|ref(z') − ref(z)|``
     elementwise over the scores of :func:`~attnverify.checks.base.rounded_scalings` (zero where
     there are none)."""
-    slack = torch.zeros_like(want)
     t = temperature if temperature is not None else spec.params.get("temperature")
-    for moved in rounded_scalings(scores, t):
-        other = evaluate_reference(spec, ref, moved, temperature)
-        if other.shape == want.shape:
-            slack = torch.maximum(slack, (other - want).abs().nan_to_num(0.0, 0.0, 0.0))
-    return slack
+    return moved_by(want, [evaluate_reference(spec, ref, moved, temperature)
+                           for moved in rounded_scalings(scores, t)])
 
 
-def _worst_row(got, want, dtype) -> int:
-    diff, allowed = _diff_allowed(got, want, dtype, 1.0)
+def _worst_row(got, want, dtype, slack=None) -> int:
+    diff, allowed = _diff_allowed(got, want, dtype, 1.0, slack)
     return int((diff / allowed).nan_to_num(math.inf).amax(-1).argmax())
 
 

@@ -19,6 +19,7 @@ from attnverify.checks.base import (
     describe_dtype,
     mismatch_message,
     monitor_of,
+    moved_by,
     rounded_scalings,
     sum_tolerance,
 )
@@ -365,24 +366,13 @@ def check_low_precision(spec, case, ctx) -> float:
     scaled logits ``z/T`` to the dtype moves the float64 weights (:func:`rounded_scalings`)."""
     scores, dtype = case.scores, case.scores.dtype
     moved = rounded_scalings(scores, case.temperature)
-    got = case_weights_many(spec, case, [scores, scores.to(torch.float64), *moved])
-    out, want = got[0], got[1]
-    slack = torch.zeros_like(as_float64(want))
-    for other in got[2:]:
-        slack = torch.maximum(slack, (as_float64(other) - as_float64(want)).abs()
-                              .nan_to_num(0.0, 0.0, 0.0))
-    diff, allowed = _diff_allowed(out, want, dtype, 1.0)
-    allowed = allowed + slack
-    ratio = diff / allowed
-    excess = float(ratio.max()) if ratio.numel() else 0.0
-    if not bool((ratio <= 1).all()):
-        n, total = int((diff > allowed).sum()), diff.numel()
-        idx = int(torch.argmax(diff - allowed)) if total else 0
+    out, want, *others = case_weights_many(spec, case, [scores, scores.to(torch.float64), *moved])
+    slack = moved_by(as_float64(want), [as_float64(o) for o in others])
+    ok, excess = close_mask(out, want, dtype, slack=slack)
+    if not ok:
         raise Violation(
             f"{describe_dtype(dtype)} result vs float64 result of the same scores: "
-            f"Mismatched elements: {n} / {total} ({100.0 * n / max(total, 1):.1f}%); greatest "
-            f"absolute difference: {float(diff.flatten()[idx]):.3g} at index {idx} (up to "
-            f"{float(allowed.flatten()[idx]):.3g} allowed)",
+            f"{mismatch_message(out, want, dtype, slack=slack)}",
             observed=excess, bound=1, ratio=excess,
         )
     return excess
