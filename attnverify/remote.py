@@ -43,10 +43,16 @@ import torch
 
 from attnverify import heartbeat, wire
 from attnverify.checks.base import Violation, monitor_of
-from attnverify.errors import UsageError, WorkerFailed
+from attnverify.errors import TargetFailedInFull, UsageError, WorkerFailed
 
 #: Seconds the zygote may take to start (importing torch on a loaded machine).
 ZYGOTE_START_S = 300.0
+#: Worker failures in a row (no well-formed answer to a request between them) after which a
+#: target is failed in full (:class:`~attnverify.errors.TargetFailedInFull`) ...
+STRIKES = 3
+#: ... or time-outs in a row (each cost a whole per-example limit): a target that hangs on every
+#: call costs two limits, whatever the number of properties.
+TIMEOUT_STRIKES = 2
 #: Seconds to wait for a dead worker's exit status.
 STATUS_WAIT_S = 2.0
 
@@ -219,8 +225,10 @@ atexit.register(_ZYGOTE.close)
 
 def _receive(sock: socket.socket, deadline: float) -> dict:
     """One whole message by ``deadline`` (``TimeoutError`` after it, however slowly its bytes
-    come)."""
-    return wire.receive(sock, deadline=deadline)
+    come); a frame longer than any answer (:data:`wire.MAX_ANSWER`) or holding a byte no answer
+    holds is a :class:`wire.ProtocolError` at once (nothing waits for the rest of a frame a
+    target forged by writing onto its channel)."""
+    return wire.receive(sock, deadline=deadline, limit=wire.MAX_ANSWER, strict=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -310,6 +318,10 @@ class Channel:
         #: Inputs of earlier requests still in the arena, read back again later
         #: (:meth:`_check_late`): a write after the answer (a thread left running) is seen too.
         self.written: list[_Written] = []
+        #: The worker failures since the last well-formed answer (``True``: a time-out), and
+        #: why the target is failed in full once they are too many (:meth:`_strike`).
+        self.strikes: list[bool] = []
+        self.condemned: str | None = None
 
     # ---- lifetime -----------------------------------------------------------------------------
 
@@ -414,8 +426,8 @@ class Channel:
             wire.send(sock, message, tuple(fds))
         except TimeoutError:
             self._discard()
-            raise WorkerFailed(f"exceeded the per-example time limit of {self.timeout_s:g} s "
-                               "(--timeout)") from None
+            raise _timed_out(f"exceeded the per-example time limit of {self.timeout_s:g} s "
+                             "(--timeout)") from None
         except OSError:
             raise self._dead() from None
         finally:
@@ -425,8 +437,8 @@ class Channel:
             reply = _receive(sock, deadline)
         except TimeoutError:
             self._discard()
-            raise WorkerFailed(f"exceeded the per-example time limit of {self.timeout_s:g} s "
-                               "(--timeout; the time of its own calls on this example)") from None
+            raise _timed_out(f"exceeded the per-example time limit of {self.timeout_s:g} s "
+                             "(--timeout; the time of its own calls on this example)") from None
         except (EOFError, OSError):
             raise self._dead() from None
         except wire.ProtocolError as exc:
@@ -442,7 +454,32 @@ class Channel:
 
     def request(self, message: dict, tensors: list, outputs: list) -> tuple[dict, list]:
         """One request on ``tensors``; ``outputs`` are ``(shape, dtype or None, device)`` of the
-        results (``None``: any floating dtype, read as float64). Returns ``(reply, results)``."""
+        results (``None``: any floating dtype, read as float64). Returns ``(reply, results)``.
+        A target failed in full (:meth:`_strike`) raises at once, starting no worker."""
+        if self.condemned is not None:
+            raise TargetFailedInFull(self.condemned)
+        try:
+            answer = self._request(message, tensors, outputs)
+        except WorkerFailed as exc:
+            self._strike(exc)
+            raise
+        except (Refused, TargetRaised):
+            self.strikes = []  # a well-formed answer: the worker works
+            raise
+        self.strikes = []
+        return answer
+
+    def _strike(self, exc: WorkerFailed) -> None:
+        """One more worker failure in a row; after :data:`STRIKES` of them (or
+        :data:`TIMEOUT_STRIKES` time-outs) the target is failed in full."""
+        if isinstance(exc, TargetFailedInFull):
+            return
+        self.strikes.append(bool(getattr(exc, "timed_out", False)))
+        if len(self.strikes) >= STRIKES or sum(self.strikes) >= TIMEOUT_STRIKES:
+            self.condemned = (f"was not run: its worker failed {len(self.strikes)} times in a "
+                              f"row (the last: {exc.reason}), so the target is failed in full")
+
+    def _request(self, message: dict, tensors: list, outputs: list) -> tuple[dict, list]:
         self.open()
         self.monitor.calls += 1
         if not self.isolated:
@@ -635,6 +672,12 @@ class Channel:
         raised = TargetRaised(name, text)
         raised.index = index
         raise raised
+
+
+def _timed_out(reason: str) -> WorkerFailed:
+    exc = WorkerFailed(reason)
+    exc.timed_out = True
+    return exc
 
 
 def _same_bytes(arena, slot, t: torch.Tensor) -> bool:
