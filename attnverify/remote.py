@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from attnverify import heartbeat, wire
+from attnverify import heartbeat, prestart, wire
 from attnverify.checks.base import Violation, monitor_of
 from attnverify.errors import TargetFailedInFull, UsageError, WorkerFailed
 
@@ -99,24 +99,12 @@ class Zygote:
         return self.proc is not None and self.proc.poll() is None and self.owner == os.getpid()
 
     def start(self) -> None:
-        parent, child = socket.socketpair()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        # the checker and the worker take turns: OpenMP threads that spin after a parallel
-        # region would take the CPU from the other process (unless the user chose a policy)
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        boot = "import sys; from attnverify.worker import main; main(sys.argv[1:])"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", boot, "zygote", str(child.fileno())],
-            pass_fds=[child.fileno()], start_new_session=True, close_fds=True,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=env, cwd=os.getcwd())
-        child.close()
+        # the zygote a command started before its own imports (attnverify.prestart), or a new one
+        self.proc, parent = prestart.take() or prestart.spawn()
         self.sock, self.owner = parent, os.getpid()
-        from attnverify.worker import PRELOAD
-
+        if not select.select([parent], [], [], 0)[0]:  # the zygote still imports torch
+            _warm_up()
         try:
-            wire.send(parent, {"path": [str(p) for p in sys.path], "preload": list(PRELOAD)})
             reply = _receive(parent, time.monotonic() + ZYGOTE_START_S)
         except (OSError, EOFError, wire.ProtocolError, TimeoutError) as exc:
             self.close()
@@ -194,6 +182,13 @@ class Zygote:
         if self.sock is not None:
             self.sock.close()
         self.proc, self.sock = None, None
+
+
+def _warm_up() -> None:
+    """Import, while the zygote imports torch on the other core, what this process imports
+    anyway at its first backward pass: ``torch.autograd.grad`` with a cotangent imports
+    ``torch.fx.experimental.symbolic_shapes`` (and sympy) on first use."""
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401 - imported for its side effect
 
 
 _ZYGOTE = Zygote()
