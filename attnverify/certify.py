@@ -33,7 +33,7 @@ from attnverify.checks.base import (
 from attnverify.checks.layout import space_of
 from attnverify.checks.shrink import shrink
 from attnverify.coverage import Coverage
-from attnverify.errors import UsageError, WorkerFailed
+from attnverify.errors import TargetFailedInFull, UsageError, WorkerFailed
 from attnverify.registry import NormalizerSpec
 from attnverify.runconfig import (  # noqa: F401 - re-exported: the run configuration's home
     DTYPES,
@@ -395,6 +395,9 @@ def run_unit(
     try:
         with checker_threads(monitor is not None and getattr(ctx, "isolation", True)):
             result = _run_property(prop, spec, ctx, claimed, state, start)
+    except TargetFailedInFull as exc:  # no case reached the target: none is reported
+        return _finish(prop, claimed, "error", _State(), start, f"the normalizer {exc.reason}",
+                       None, spec, ctx)
     except WorkerFailed as exc:
         where = f" on example {state.examples}" if state.examples else ""
         return _finish(prop, claimed, "error", state, start,

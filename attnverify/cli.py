@@ -104,6 +104,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         parser, commands = build_parser()
         args = parser.parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # certify --jobs runs it again
         if not args.command:
             parser.print_help()
             return EXIT_USAGE

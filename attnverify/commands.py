@@ -76,6 +76,12 @@ def _budget(text: str) -> float:
     return _argument_type(check_budget)(text)
 
 
+def _jobs(text: str) -> int:
+    from attnverify.jobs import check_jobs
+
+    return _argument_type(check_jobs)(text)
+
+
 def _max_length(text: str) -> int:
     from attnverify.runconfig import check_max_length
 
@@ -125,6 +131,10 @@ def _certify_args(p: argparse.ArgumentParser) -> None:
                    help="run shard K of N (units of target x property x dtype x device, "
                    "partitioned by their ci cost) and write a partial certificate for "
                    "'attnverify merge'")
+    p.add_argument("--jobs", type=_jobs, default=None, metavar="N",
+                   help="checker processes that run the units at once, 1 to 256 (default: "
+                   "$ATTNVERIFY_JOBS, else the cores, at most one per target); the certificate "
+                   "is the serial run's (--jobs 1) apart from seconds and process ids")
     p.add_argument("--database", default=None, metavar="DIR|redis://HOST:PORT/DB",
                    help="an example database (e.g. one a HypoFuzz campaign filled): every "
                    "property's search replays what it holds for this target first, and files "
@@ -138,7 +148,22 @@ def _certify_args(p: argparse.ArgumentParser) -> None:
     add_attention_arguments(p)  # --attention (and --reference where no one else added it)
 
 
+def _early_zygote(args) -> None:
+    """Start the worker processes' zygote now, before this process imports torch, so that the
+    two imports overlap (:mod:`attnverify.prestart`); not for a run in this process."""
+    from attnverify.prestart import early  # torch-free
+    from attnverify.runconfig import isolation_default
+
+    if not getattr(args, "no_isolation", False) and isolation_default():
+        early()
+
+
 def _run_certify(args) -> int:
+    from attnverify.jobs import job_count
+    from attnverify.registry import builtin_ids
+
+    if job_count(args, args.targets or builtin_ids()) == 1:  # with jobs, they have zygotes
+        _early_zygote(args)
     if getattr(args, "attention", None) is not None:
         if args.database is not None:
             raise UsageError("--database applies to normalizer certification, not --attention")
@@ -168,6 +193,15 @@ def _run_certify(args) -> int:
     xfails = load_xfails(args.xfails) if args.xfails else None
     shard = check_shard(args, ctx)
     targets = args.targets or builtin_ids()
+    from attnverify.jobs import job_count, run_jobs
+
+    jobs = job_count(args, targets)
+    if jobs > 1:  # the same units on several checker processes, merged (attnverify.jobs)
+        data = run_jobs(args.argv, jobs, ctx, quiet=args.quiet)
+        if xfails is not None:
+            check_entries(xfails, [f"{t['target']}::{r['property']}" for t in data["targets"]
+                                   for r in t["results"]])
+        return report.finish_certify(args, data, xfails)
     planned = []
     results = certify_all(targets, params, claims, ctx,
                           progress=None if args.quiet else _progress,
@@ -271,6 +305,8 @@ def _workers(text: str) -> int:
 
 
 def _run_falsify(args) -> int:
+    if (getattr(args, "workers", None) or 1) <= 1:  # --workers N: each has a zygote of its own
+        _early_zygote(args)
     from attnverify.falsify import run_falsify_command
     from attnverify.isolation import falsify_in_worker
 
@@ -318,6 +354,7 @@ def _repro_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_repro(args) -> int:
+    _early_zygote(args)
     from attnverify.repro import run_repro_command
 
     return run_repro_command(args)

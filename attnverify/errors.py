@@ -29,3 +29,11 @@ class WorkerFailed(BaseException):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+class TargetFailedInFull(WorkerFailed):
+    """A target whose worker failed several times in a row (:data:`attnverify.remote.STRIKES`)
+    is not run again: every later request of the run fails at once with this, no worker is
+    started, and each property still to run ends in ``error`` without a case. A target that
+    crashes, hangs or breaks the protocol on every call costs its first few failures, not one
+    per property."""

@@ -41,12 +41,18 @@ from typing import Any
 
 import torch
 
-from attnverify import heartbeat, wire
+from attnverify import heartbeat, prestart, wire
 from attnverify.checks.base import Violation, monitor_of
-from attnverify.errors import UsageError, WorkerFailed
+from attnverify.errors import TargetFailedInFull, UsageError, WorkerFailed
 
 #: Seconds the zygote may take to start (importing torch on a loaded machine).
 ZYGOTE_START_S = 300.0
+#: Worker failures in a row (no well-formed answer to a request between them) after which a
+#: target is failed in full (:class:`~attnverify.errors.TargetFailedInFull`) ...
+STRIKES = 3
+#: ... or time-outs in a row (each cost a whole per-example limit): a target that hangs on every
+#: call costs two limits, whatever the number of properties.
+TIMEOUT_STRIKES = 2
 #: Seconds to wait for a dead worker's exit status.
 STATUS_WAIT_S = 2.0
 
@@ -93,24 +99,12 @@ class Zygote:
         return self.proc is not None and self.proc.poll() is None and self.owner == os.getpid()
 
     def start(self) -> None:
-        parent, child = socket.socketpair()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        # the checker and the worker take turns: OpenMP threads that spin after a parallel
-        # region would take the CPU from the other process (unless the user chose a policy)
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        boot = "import sys; from attnverify.worker import main; main(sys.argv[1:])"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", boot, "zygote", str(child.fileno())],
-            pass_fds=[child.fileno()], start_new_session=True, close_fds=True,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=env, cwd=os.getcwd())
-        child.close()
+        # the zygote a command started before its own imports (attnverify.prestart), or a new one
+        self.proc, parent = prestart.take() or prestart.spawn()
         self.sock, self.owner = parent, os.getpid()
-        from attnverify.worker import PRELOAD
-
+        if not select.select([parent], [], [], 0)[0]:  # the zygote still imports torch
+            _warm_up()
         try:
-            wire.send(parent, {"path": [str(p) for p in sys.path], "preload": list(PRELOAD)})
             reply = _receive(parent, time.monotonic() + ZYGOTE_START_S)
         except (OSError, EOFError, wire.ProtocolError, TimeoutError) as exc:
             self.close()
@@ -190,6 +184,13 @@ class Zygote:
         self.proc, self.sock = None, None
 
 
+def _warm_up() -> None:
+    """Import, while the zygote imports torch on the other core, what this process imports
+    anyway at its first backward pass: ``torch.autograd.grad`` with a cotangent imports
+    ``torch.fx.experimental.symbolic_shapes`` (and sympy) on first use."""
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401 - imported for its side effect
+
+
 _ZYGOTE = Zygote()
 
 
@@ -219,8 +220,10 @@ atexit.register(_ZYGOTE.close)
 
 def _receive(sock: socket.socket, deadline: float) -> dict:
     """One whole message by ``deadline`` (``TimeoutError`` after it, however slowly its bytes
-    come)."""
-    return wire.receive(sock, deadline=deadline)
+    come); a frame longer than any answer (:data:`wire.MAX_ANSWER`) or holding a byte no answer
+    holds is a :class:`wire.ProtocolError` at once (nothing waits for the rest of a frame a
+    target forged by writing onto its channel)."""
+    return wire.receive(sock, deadline=deadline, limit=wire.MAX_ANSWER, strict=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -310,6 +313,10 @@ class Channel:
         #: Inputs of earlier requests still in the arena, read back again later
         #: (:meth:`_check_late`): a write after the answer (a thread left running) is seen too.
         self.written: list[_Written] = []
+        #: The worker failures since the last well-formed answer (``True``: a time-out), and
+        #: why the target is failed in full once they are too many (:meth:`_strike`).
+        self.strikes: list[bool] = []
+        self.condemned: str | None = None
 
     # ---- lifetime -----------------------------------------------------------------------------
 
@@ -414,8 +421,8 @@ class Channel:
             wire.send(sock, message, tuple(fds))
         except TimeoutError:
             self._discard()
-            raise WorkerFailed(f"exceeded the per-example time limit of {self.timeout_s:g} s "
-                               "(--timeout)") from None
+            raise _timed_out(f"exceeded the per-example time limit of {self.timeout_s:g} s "
+                             "(--timeout)") from None
         except OSError:
             raise self._dead() from None
         finally:
@@ -425,8 +432,8 @@ class Channel:
             reply = _receive(sock, deadline)
         except TimeoutError:
             self._discard()
-            raise WorkerFailed(f"exceeded the per-example time limit of {self.timeout_s:g} s "
-                               "(--timeout; the time of its own calls on this example)") from None
+            raise _timed_out(f"exceeded the per-example time limit of {self.timeout_s:g} s "
+                             "(--timeout; the time of its own calls on this example)") from None
         except (EOFError, OSError):
             raise self._dead() from None
         except wire.ProtocolError as exc:
@@ -442,7 +449,32 @@ class Channel:
 
     def request(self, message: dict, tensors: list, outputs: list) -> tuple[dict, list]:
         """One request on ``tensors``; ``outputs`` are ``(shape, dtype or None, device)`` of the
-        results (``None``: any floating dtype, read as float64). Returns ``(reply, results)``."""
+        results (``None``: any floating dtype, read as float64). Returns ``(reply, results)``.
+        A target failed in full (:meth:`_strike`) raises at once, starting no worker."""
+        if self.condemned is not None:
+            raise TargetFailedInFull(self.condemned)
+        try:
+            answer = self._request(message, tensors, outputs)
+        except WorkerFailed as exc:
+            self._strike(exc)
+            raise
+        except (Refused, TargetRaised):
+            self.strikes = []  # a well-formed answer: the worker works
+            raise
+        self.strikes = []
+        return answer
+
+    def _strike(self, exc: WorkerFailed) -> None:
+        """One more worker failure in a row; after :data:`STRIKES` of them (or
+        :data:`TIMEOUT_STRIKES` time-outs) the target is failed in full."""
+        if isinstance(exc, TargetFailedInFull):
+            return
+        self.strikes.append(bool(getattr(exc, "timed_out", False)))
+        if len(self.strikes) >= STRIKES or sum(self.strikes) >= TIMEOUT_STRIKES:
+            self.condemned = (f"was not run: its worker failed {len(self.strikes)} times in a "
+                              f"row (the last: {exc.reason}), so the target is failed in full")
+
+    def _request(self, message: dict, tensors: list, outputs: list) -> tuple[dict, list]:
         self.open()
         self.monitor.calls += 1
         if not self.isolated:
@@ -635,6 +667,12 @@ class Channel:
         raised = TargetRaised(name, text)
         raised.index = index
         raise raised
+
+
+def _timed_out(reason: str) -> WorkerFailed:
+    exc = WorkerFailed(reason)
+    exc.timed_out = True
+    return exc
 
 
 def _same_bytes(arena, slot, t: torch.Tensor) -> bool:

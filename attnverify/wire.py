@@ -33,6 +33,14 @@ from typing import Any
 
 #: Largest frame accepted (bytes). Tensors never travel in frames.
 MAX_FRAME = 1 << 24
+#: Largest answer the checker accepts from a worker (bytes): an answer holds flags, a message's
+#: first line and at most a target's description, never tensors; a frame announcing more is a
+#: protocol error at once, not a wait for bytes no sane worker sends.
+MAX_ANSWER = 1 << 20
+#: The bytes a frame's JSON may hold: :func:`dump` escapes everything else (``ensure_ascii``,
+#: control characters inside strings), so any other byte ends the frame as a protocol error as
+#: soon as it arrives (the zero bytes of a frame header read as a body, say).
+_JSON_BYTES = bytes(range(0x20, 0x7F))
 #: Every tensor's bytes start at a multiple of this in the arena.
 ALIGN = 64
 #: Smallest arena (bytes); it grows by doubling.
@@ -118,9 +126,11 @@ def send(sock: socket.socket, message: dict, fds: tuple[int, ...] = ()) -> None:
 
 
 def _read_exact(sock: socket.socket, n: int, fds: list | None = None,
-                deadline: float | None = None) -> bytes:
+                deadline: float | None = None, text: bool = False) -> bytes:
     """``n`` bytes; with ``deadline`` (``time.monotonic()``), ``TimeoutError`` once it passes,
-    however the bytes trickle in (a peer sending one byte at a time gains no time)."""
+    however the bytes trickle in (a peer sending one byte at a time gains no time). ``text``:
+    each chunk is checked as it arrives (only the bytes :func:`dump` writes), so a frame whose
+    body cannot be a message fails at once instead of waiting for the rest of it."""
     import select
     import time
 
@@ -137,20 +147,27 @@ def _read_exact(sock: socket.socket, n: int, fds: list | None = None,
             data = sock.recv(n - got)
         if not data:
             raise EOFError("the peer closed the channel")
+        if text and data.translate(None, _JSON_BYTES):
+            raise ProtocolError("a frame holding bytes that no message holds")
         chunks.append(data)
         got += len(data)
     return b"".join(chunks)
 
 
-def receive(sock: socket.socket, *, with_fds: bool = False, deadline: float | None = None):
+def receive(sock: socket.socket, *, with_fds: bool = False, deadline: float | None = None,
+            limit: int = MAX_FRAME, strict: bool = False):
     """One message (``(message, fds)`` with ``with_fds``). ``EOFError`` when the peer is gone;
-    ``TimeoutError`` when the whole frame has not arrived by ``deadline``."""
+    ``TimeoutError`` when the whole frame has not arrived by ``deadline``; ``ProtocolError`` for
+    a frame longer than ``limit`` and, with ``strict`` (the checker reading a worker's answer),
+    as soon as a byte arrives that no frame :func:`dump` writes could hold there."""
     fds: list | None = [] if with_fds else None
     head = _read_exact(sock, 4, fds, deadline)
     (length,) = struct.unpack(">I", head)
-    if length > MAX_FRAME:
-        raise ProtocolError(f"a frame of {length} bytes (limit {MAX_FRAME})")
-    message = parse(_read_exact(sock, length, fds, deadline))
+    if length > limit:
+        raise ProtocolError(f"a frame of {length} bytes (limit {limit})")
+    if strict and length < 2:
+        raise ProtocolError(f"a frame of {length} bytes (no message is that short)")
+    message = parse(_read_exact(sock, length, fds, deadline, text=strict))
     return (message, fds or []) if with_fds else message
 
 

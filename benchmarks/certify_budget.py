@@ -7,6 +7,19 @@ against the 60-second budget (references and gradients included), and exits 1 wh
 a timed unit test: run it by hand or in a perf job.
 
     python benchmarks/certify_budget.py [--profile ci] [--budget 60] [--no-isolation] [--json PATH]
+
+``--side-by-side BASE`` (issue #27) instead times whole command lines, as a user runs them,
+for this checkout and for another one (``BASE``: a checkout of an older commit, e.g. made with
+``git worktree add /tmp/base7e 7e72048``; each runs with ``PYTHONPATH`` set to its own tree and
+this interpreter), interleaved round by round so both meet the same load: certify of every
+built-in (ci; this checkout with its default ``--jobs`` and with ``--jobs 1``), one normalizer
+``file.py:fn`` (dev and ci), ``certify --attention sdpa`` (ci) and two falsify bounds (ci; one
+with a Jacobian). For each it prints the median and best wall time, the CPU time of the whole
+process tree (``getrusage(RUSAGE_CHILDREN)``: checker, zygote and workers), its peak memory
+(proportional set size of checker, zygote and workers together, sampled every 0.2 s with psutil;
+without psutil, the largest single process's resident size) and the ratios of the medians::
+
+    python benchmarks/certify_budget.py --side-by-side /tmp/base7e [--rounds 2] [--only NAME,...]
 """
 
 from __future__ import annotations
@@ -15,10 +28,118 @@ import argparse
 import json
 import os
 import platform
+import resource
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+
+#: Whole command lines timed by ``--side-by-side``: ``(name, argv, this checkout only)``;
+#: ``{fn}`` is a one-function normalizer file written for the run.
+SIDE_BY_SIDE = (
+    ("builtins-ci", ["certify", "--profile", "ci", "--quiet"], False),
+    ("builtins-ci-jobs1", ["certify", "--profile", "ci", "--quiet", "--jobs", "1"], True),
+    ("file-fn-dev", ["certify", "{fn}", "--profile", "dev", "--quiet"], False),
+    ("file-fn-ci", ["certify", "{fn}", "--profile", "ci", "--quiet"], False),
+    ("attention-sdpa-ci", ["certify", "--attention", "sdpa", "--profile", "ci", "--quiet"], False),
+    ("falsify-ci", ["falsify", "softmax", "max_weight <= exp(2*a/T)/L", "--profile", "ci"], False),
+    ("falsify-jacobian-ci", ["falsify", "softmax", "jacobian_spectral <= 1/(2*T)", "--profile",
+                             "ci"], False),
+)
+USER_FILE = "import torch\n\n\ndef fn(scores, dim=-1):\n    return torch.softmax(scores, dim)\n"
+
+
+def _measure(argv: list[str], tree: str, cwd: str) -> tuple[float, float, float, int]:
+    """``(wall seconds, CPU seconds, peak MiB, exit code)`` of ``python -m attnverify argv`` run
+    from ``tree``. The CPU seconds are those of the whole process tree (every descendant is
+    reaped by its parent, so its time is in ``getrusage(RUSAGE_CHILDREN)``); the memory is the
+    peak of the tree's proportional set size (a forked worker's pages shared with its zygote
+    counted once), sampled with psutil."""
+    env = dict(os.environ, PYTHONPATH=tree)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "attnverify", *argv], cwd=cwd, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak = 0
+    try:
+        import psutil  # optional: without it, the largest single process, read after it ends
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        root = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            total = 0
+            try:
+                for p in [root, *root.children(recursive=True)]:
+                    try:
+                        info = p.memory_full_info()
+                        total += getattr(info, "pss", info.rss)
+                    except psutil.Error:
+                        pass
+            except psutil.Error:
+                pass
+            peak = max(peak, total)
+            time.sleep(0.2)
+    code = proc.wait()
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if psutil is None:
+        peak = after.ru_maxrss * 1024
+    return wall, cpu, peak / 2**20, code
+
+
+def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None) -> int:
+    here = str(Path(__file__).resolve().parents[1])
+    base = str(Path(base).resolve())
+    rows: dict[tuple[str, str], list] = defaultdict(list)
+    with tempfile.TemporaryDirectory(prefix="attnverify-bench-") as tmp:
+        user = Path(tmp) / "user_fn.py"
+        user.write_text(USER_FILE)
+        runs = [(n, [a.format(fn=f"{user}:fn") for a in argv], mine)
+                for n, argv, mine in SIDE_BY_SIDE if not only or n in only]
+        for r in range(rounds):
+            for name, argv, mine in runs:
+                trees = [("this", here)] + ([] if mine else [("base", base)])
+                if r % 2:
+                    trees.reverse()  # alternate who goes first
+                for label, tree in trees:
+                    wall, cpu, rss, code = _measure(argv, tree, tmp)
+                    rows[(name, label)].append((wall, cpu, rss, code))
+                    print(f"  round {r + 1} {name:22s} {label:4s} {wall:7.1f} s wall "
+                          f"{cpu:7.1f} s cpu {rss:7.0f} MiB exit {code}", flush=True)
+    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cpus, load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end; base: {base}")
+    print(f"{'run':22s} {'tree':4s} {'median s':>9s} {'best s':>8s} {'cpu s':>7s} "
+          f"{'peak MiB':>9s} {'wall this/base':>15s} {'cpu this/base':>14s}")
+    summary = {}
+    for name, _, _ in runs:
+        for label in ("this", "base"):
+            got = rows.get((name, label))
+            if not got:
+                continue
+            entry = {"median_s": statistics.median(g[0] for g in got),
+                     "best_s": min(g[0] for g in got),
+                     "cpu_s": statistics.median(g[1] for g in got),
+                     "peak_mib": max(g[2] for g in got), "exit": [g[3] for g in got]}
+            summary[f"{name}/{label}"] = entry
+            ratios = ""
+            if label == "this" and (name, "base") in rows:
+                other = rows[(name, "base")]
+                wall_ratio = entry["median_s"] / statistics.median(g[0] for g in other)
+                cpu_ratio = entry["cpu_s"] / statistics.median(g[1] for g in other)
+                summary[f"{name}/ratio"] = {"wall": wall_ratio, "cpu": cpu_ratio}
+                ratios = f"{wall_ratio:15.2f} {cpu_ratio:14.2f}"
+            print(f"{name:22s} {label:4s} {entry['median_s']:9.1f} {entry['best_s']:8.1f} "
+                  f"{entry['cpu_s']:7.1f} {entry['peak_mib']:9.0f} {ratios}")
+    if json_path:
+        from attnverify.atomic import write_text_atomic
+
+        write_text_atomic(Path(json_path), json.dumps(summary, indent=2))
+    return 0
 
 
 def main(argv=None) -> int:
@@ -28,7 +149,15 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--no-isolation", action="store_true",
                    help="load the targets in this process (the figure without the boundary)")
+    p.add_argument("--side-by-side", default=None, metavar="BASE",
+                   help="time whole command lines here and in the checkout BASE, interleaved")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of --side-by-side (default 2)")
+    p.add_argument("--only", default="", help="--side-by-side: these runs only (comma-separated "
+                   f"names: {', '.join(n for n, _, _ in SIDE_BY_SIDE)})")
     args = p.parse_args(argv)
+    if args.side_by_side:
+        only = [n.strip() for n in args.only.split(",") if n.strip()]
+        return side_by_side(args.side_by_side, args.rounds, only, args.json)
     from attnverify.certify import make_context  # not at asv discovery
     from attnverify.isolation import certify_all
     from attnverify.registry import builtin_ids

@@ -9,7 +9,13 @@ changes nothing for attnverify itself: ``certify``, ``falsify``, ``claims`` and 
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import HealthCheck, settings
+
+# certify runs serially in the tests (pytest -n 2 already takes the cores); a test of --jobs
+# says --jobs N
+os.environ.setdefault("ATTNVERIFY_JOBS", "1")
 
 TEST_PROFILE = "attnverify-tests"
 

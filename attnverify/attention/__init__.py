@@ -14,9 +14,19 @@ Modules: :mod:`.spec` (:class:`AttentionSpec`, :func:`attention_spec`), :mod:`.l
 (certify), :mod:`.command` (the CLI option), :mod:`.repro`.
 """
 
-from attnverify.attention.spec import AttentionSpec, attention_spec
-
 __all__ = ["AttentionSpec", "attention_spec", "load_attention"]
+
+
+def __getattr__(name: str):
+    """``AttentionSpec`` and ``attention_spec`` from :mod:`.spec`, imported when first used: the
+    command line imports :mod:`.command` (its ``--attention`` option) for every command, and
+    :mod:`.spec` imports torch, which a command that loads no attention target need not wait for
+    before it starts its worker processes (:mod:`attnverify.prestart`)."""
+    if name in ("AttentionSpec", "attention_spec"):
+        from attnverify.attention import spec
+
+        return getattr(spec, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_attention(target, params=None):

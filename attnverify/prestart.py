@@ -1,0 +1,84 @@
+"""The worker processes' zygote started before the checker imports torch.
+
+A command that will run targets behind the process boundary spends its first seconds importing
+torch (and Hypothesis, and the checks) in this process; the zygote (:mod:`attnverify.worker`)
+imports torch too, before it can fork the first worker. :func:`spawn` starts it and sends it the
+import path at once, so the two imports run side by side on two cores instead of one after the
+other; :class:`attnverify.remote.Zygote` adopts the process (:func:`take`) when it first needs
+it. This module imports nothing of torch, so a command can call :func:`early` before its own
+heavy imports. A zygote never adopted is killed at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import subprocess
+import sys
+
+from attnverify import wire
+
+#: The spawned zygote not yet adopted: ``(process, channel, pid of the process that spawned it)``.
+_EARLY: list = []
+
+
+def spawn() -> tuple[subprocess.Popen, socket.socket]:
+    """A new zygote process (``python -c … zygote FD``, in a session of its own) and the
+    checker's end of its channel; its hello (the import path, what to preload) already sent, so
+    it is importing torch when this returns. The caller reads its answer."""
+    from attnverify.worker import PRELOAD  # torch-free: the names the zygote imports
+
+    parent, child = socket.socketpair()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    # the checker and the worker take turns: OpenMP threads that spin after a parallel
+    # region would take the CPU from the other process (unless the user chose a policy)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    boot = "import sys; from attnverify.worker import main; main(sys.argv[1:])"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", boot, "zygote", str(child.fileno())],
+        pass_fds=[child.fileno()], start_new_session=True, close_fds=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env, cwd=os.getcwd())
+    child.close()
+    try:
+        wire.send(parent, {"path": [str(p) for p in sys.path], "preload": list(PRELOAD)})
+    except OSError:
+        pass  # the caller's read of the answer says what happened
+    return proc, parent
+
+
+def early() -> None:
+    """Start the zygote now unless one is running or waiting in this process already."""
+    remote = sys.modules.get("attnverify.remote")
+    if _EARLY or (remote is not None and remote.zygote().alive()):
+        return
+    try:
+        proc, sock = spawn()
+    except OSError:
+        return  # started later, where its failure is reported
+    _EARLY.append((proc, sock, os.getpid()))
+
+
+def take() -> tuple[subprocess.Popen, socket.socket] | None:
+    """The zygote :func:`early` started in this process, if any (the caller owns it now)."""
+    while _EARLY:
+        proc, sock, owner = _EARLY.pop()
+        if owner == os.getpid() and proc.poll() is None:
+            return proc, sock
+        _close(proc, sock, owner)
+    return None
+
+
+def _close(proc, sock, owner) -> None:
+    sock.close()
+    if owner == os.getpid() and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@atexit.register
+def _unadopted() -> None:
+    while _EARLY:
+        _close(*_EARLY.pop())
