@@ -304,7 +304,7 @@ class History:
             self.entries[-1][2] += 1
             return
         self.serial = serial
-        size = _case_bytes(case) if step is not None else 0
+        size = case_bytes(case) if step is not None else 0
         self.entries.append([step, case if step is not None else None, 1, size])
         self.bytes += size
         while len(self.entries) > HISTORY_ENTRIES or (self.bytes > HISTORY_BYTES and
@@ -323,7 +323,8 @@ HISTORY_ENTRIES = 512
 HISTORY_BYTES = 64 << 20
 
 
-def _case_bytes(case) -> int:
+def case_bytes(case) -> int:
+    """The bytes of a case's tensors."""
     fields = case._asdict().values() if hasattr(case, "_asdict") else ()
     return sum(t.numel() * t.element_size() for t in fields if isinstance(t, torch.Tensor))
 

@@ -30,13 +30,11 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple
 
-import torch
-
 from attnverify import heartbeat
 from attnverify.checks import PROPERTIES
 from attnverify.checks.base import Deferred, NormalizerError, Violation, monitor_of
 from attnverify.errors import UsageError, WorkerFailed
-from attnverify.remote import Refused, channel_of
+from attnverify.remote import Refused, case_bytes, channel_of
 from attnverify.serialize import decode_case, encode_case
 
 #: Fresh workers one failure's search may start, and seconds it may take.
@@ -218,7 +216,7 @@ class _Search:
         defect that counts calls needs so many, not those cases): where that fails at all."""
         if len(best) < 2:
             return best, best_exc
-        small = min(best, key=lambda s: _case_bytes(s.case))
+        small = min(best, key=lambda s: case_bytes(s.case))
         if all(s is small for s in best):
             return best, best_exc
         again = self.fails([small] * len(best))
@@ -234,11 +232,6 @@ class _Search:
             else:
                 lo = mid
         return best, best_exc
-
-
-def _case_bytes(case) -> int:
-    fields = case._asdict().values() if hasattr(case, "_asdict") else ()
-    return sum(t.numel() * t.element_size() for t in fields if isinstance(t, torch.Tensor))
 
 
 # --------------------------------------------------------------------------------------------
