@@ -21,7 +21,7 @@ import hypothesis
 import torch
 from hypothesis import given
 
-from attnverify import heartbeat
+from attnverify import heartbeat, sequence
 from attnverify.checks import PROPERTIES, Property, Violation, properties_for
 from attnverify.checks.base import (
     Context,
@@ -319,6 +319,8 @@ class _State:
         #: Cases the check could not judge alone (:class:`~attnverify.checks.base.Deferred`:
         #: no autograd graph, float64 refused, too few rows judged), by kind, in order.
         self.deferred: dict[type, list] = {}
+        #: The earlier examples the failure needs (:mod:`attnverify.sequence`), oldest first.
+        self.sequence: tuple = ()
 
 
 #: Cases of more entries than this report no ``hypothesis.target``: Hypothesis's target phase
@@ -407,6 +409,7 @@ def run_unit(
         if refused:
             event = refused[0]
             state.last = event.case if event.case is not None else state.last
+            _in_sequence(prop, spec, ctx, state, state.last, None)
             return _finish(prop, claimed, "violated", state, start, refusal_text(event.what),
                            None, spec, ctx)
     return result
@@ -469,6 +472,7 @@ def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
     if isinstance(found, Deferred) and type(exc) is type(found):
         exc = found  # the unit-wide message (how many other inputs were judged)
     state.last = case
+    _in_sequence(prop, spec, ctx, state, case, exc)
     if isinstance(exc, Violation):
         return _finish(prop, claimed, "violated", state, start, exc.message, exc, spec, ctx)
     if isinstance(exc, NormalizerError):
@@ -501,7 +505,7 @@ def _evaluate(prop: Property, spec, ctx, state: _State, case) -> float:
     state.examples += 1
     state.last = case
     state.coverage.add(case)
-    heartbeat.example_started(case)  # the watchdog's clock (no-op outside a worker)
+    heartbeat.example_started(case, sequence.step_of(prop.id))  # the watchdog's clock
     try:
         ratio = float(prop.check(spec, case, ctx))
     except Deferred as exc:  # decided over every case of the unit (_decide_deferred)
@@ -611,7 +615,8 @@ def _exact_and_minimal(prop: Property, spec, ctx, case, exc):
     def recheck(candidate):
         if stopped:  # the worker died or hung on a candidate: shrink no further
             raise _ShrinkStopped()
-        heartbeat.example_started(candidate)  # shrinking runs under the same time limit
+        # shrinking runs under the same time limit
+        heartbeat.example_started(candidate, sequence.step_of(prop.id, "recheck"))
         try:
             return prop.recheck(spec, candidate, ctx)
         except WorkerFailed as failed:
@@ -639,6 +644,17 @@ class _ShrinkStopped(Exception):
     """A shrinking step met a dead or hung worker: that candidate does not count."""
 
 
+def _in_sequence(prop, spec, ctx, state: _State, case, exc) -> None:
+    """Whether ``case`` fails again alone in a fresh worker, else the fewest earlier examples
+    it needs (:func:`attnverify.sequence.find`): ``state.sequence`` and ``state.reproduces``.
+    ``exc`` ``None``: an output refused at the border."""
+    if case is None:
+        return
+    found = sequence.find(prop, spec, ctx, case, exc)
+    if found is not None:
+        state.sequence, state.reproduces = found.steps, found.reproduces
+
+
 def repro_for(spec: NormalizerSpec, case_json: dict, prop_id: str, seed: int = 0) -> str:
     """The ``attnverify repro`` line that re-checks ``prop_id`` on ``case_json`` (with the
     spec's reference when it names one, and the run's seed)."""
@@ -660,6 +676,9 @@ def _finish(prop, claimed, status, state, start, message, violation, spec, ctx) 
                 "observed": violation.observed, "bound": violation.bound,
                 "ratio": violation.ratio, **violation.details,
             }))
+        if state.sequence:
+            counterexample["sequence"] = case_json["sequence"] = sequence.encode(
+                state.sequence, spec.params)
         if not state.reproduces:
             counterexample["reproduces"] = False
         counterexample["repro"] = repro_for(spec, case_json, prop.id, seed=ctx.seed)

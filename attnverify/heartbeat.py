@@ -18,7 +18,7 @@ import time
 from typing import Any, NamedTuple
 
 _STATE: dict[str, Any] = {"case": None, "since": None, "running": False, "target_s": 0.0,
-                          "last": None}
+                          "last": None, "step": None, "serial": 0}
 
 
 class ExampleTime(NamedTuple):
@@ -33,9 +33,12 @@ class ExampleTime(NamedTuple):
         return max(0.0, self.total_s - self.target_s)
 
 
-def example_started(case: Any) -> None:
-    """Before every call of the code under test on a new example."""
-    _STATE.update(case=case, since=time.monotonic(), running=True, target_s=0.0)
+def example_started(case: Any, step: Any = None) -> None:
+    """Before every call of the code under test on a new example. ``step``: what is run on it
+    (a property and how it is checked, :mod:`attnverify.sequence`), recorded with the calls a
+    worker answers so that a defect that needs earlier calls can be replayed."""
+    _STATE.update(case=case, since=time.monotonic(), running=True, target_s=0.0, step=step,
+                  serial=_STATE["serial"] + 1)
 
 
 def example_finished() -> None:
@@ -48,6 +51,13 @@ def example_finished() -> None:
 def current_case() -> Any:
     """The case of the example running now (the last one started)."""
     return _STATE["case"]
+
+
+def current_step() -> tuple[int, Any, Any]:
+    """``(serial, step, case)`` of the example running now: ``serial`` counts the examples
+    started in this process (one per :func:`example_started`), ``step`` is ``None`` outside an
+    example or where its starter named none."""
+    return _STATE["serial"], _STATE["step"] if _STATE["running"] else None, _STATE["case"]
 
 
 def charge(seconds: float) -> None:

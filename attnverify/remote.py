@@ -26,6 +26,7 @@ Under ``--no-isolation`` the same proxies call an in-process :class:`~attnverify
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import dataclasses
 import inspect
@@ -272,9 +273,63 @@ class Monitor:
         #: Reads every earlier input still in the shared memory back again (the channel's
         #: :meth:`Channel._check_late`), so that a late write is among :attr:`effects`.
         self.settle: Any = lambda: None
+        #: What the current worker process was given, in order (:class:`History`).
+        self.history = History()
+        #: Replaces the worker by a fresh one (the target loaded again): :meth:`Channel.restart`.
+        self.restart: Any = None
 
     def mark(self) -> tuple[int, int]:
         return len(self.effects), len(self.refused)
+
+
+class History:
+    """The examples one worker process was called on, in order: ``(step, case, calls)`` per
+    example (:func:`attnverify.heartbeat.current_step`), so that a defect that needs earlier calls
+    (a state the target keeps between calls) can be replayed (:mod:`attnverify.sequence`). Cleared
+    when a fresh worker starts; the oldest entries are dropped past :data:`HISTORY_ENTRIES`
+    entries or :data:`HISTORY_BYTES` bytes of cases (:attr:`dropped` counts them)."""
+
+    def __init__(self) -> None:
+        self.entries: collections.deque = collections.deque()
+        self.serial = -1
+        self.bytes = 0
+        self.dropped = 0
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.serial, self.bytes, self.dropped = -1, 0, 0
+
+    def note(self) -> None:
+        """One request of the example running now."""
+        serial, step, case = heartbeat.current_step()
+        serial = serial if step is not None else ("outside", serial)
+        if serial == self.serial and self.entries:
+            self.entries[-1][2] += 1
+            return
+        self.serial = serial
+        size = case_bytes(case) if step is not None else 0
+        self.entries.append([step, case if step is not None else None, 1, size])
+        self.bytes += size
+        while len(self.entries) > HISTORY_ENTRIES or (self.bytes > HISTORY_BYTES and
+                                                      len(self.entries) > 1):
+            self.bytes -= self.entries.popleft()[3]
+            self.dropped += 1
+
+    def snapshot(self) -> list[tuple[Any, Any, int]]:
+        """``[(step, case, requests)]``, oldest first (``step`` ``None``: calls outside any
+        example, which cannot be replayed)."""
+        return [(step, case, calls) for step, case, calls, _ in self.entries]
+
+
+#: The most examples, and bytes of their tensors, a worker's :class:`History` keeps.
+HISTORY_ENTRIES = 512
+HISTORY_BYTES = 64 << 20
+
+
+def case_bytes(case) -> int:
+    """The bytes of a case's tensors."""
+    fields = case._asdict().values() if hasattr(case, "_asdict") else ()
+    return sum(t.numel() * t.element_size() for t in fields if isinstance(t, torch.Tensor))
 
 
 _REPLY_KEYS = {
@@ -303,6 +358,7 @@ class Channel:
         self.isolated = isolated
         self.monitor = Monitor()
         self.monitor.settle = lambda: self._check_late(everything=True)
+        self.monitor.restart = self.restart
         self.description: dict | None = None
         self.pid = 0
         self.sock: socket.socket | None = None
@@ -325,7 +381,16 @@ class Channel:
             self._start()
         return self.description
 
+    def restart(self) -> None:
+        """A fresh worker (the target loaded again), with nothing of the calls before: the
+        replay of a call sequence starts here (:mod:`attnverify.sequence`). In-process
+        (``--no-isolation``) a fresh server loads the target again; a module already imported
+        keeps its state there."""
+        self.close()
+        self._start()
+
     def _start(self) -> None:
+        self.monitor.history.clear()
         if not self.isolated:
             from attnverify.errors import TargetImportFailed
             from attnverify.worker import Server
@@ -477,6 +542,7 @@ class Channel:
     def _request(self, message: dict, tensors: list, outputs: list) -> tuple[dict, list]:
         self.open()
         self.monitor.calls += 1
+        self.monitor.history.note()
         if not self.isolated:
             return self._local(message, tensors, outputs)
         if self.sock is None:

@@ -240,6 +240,26 @@ def _plain(layout: dict[str, Any]) -> bool:
             and layout.get("kinds") == ["contiguous"])
 
 
+def sequence_text(steps: list) -> str:
+    """The earlier calls a counterexample needs, in words: runs of the same property on cases of
+    the same shape counted (``40 × simplex on [1, 1]``)."""
+    runs: list[list] = []
+    for step in steps:
+        case = step.get("case") if isinstance(step, dict) else None
+        what = (step.get("property") if isinstance(step, dict) else "?",
+                tuple((case or {}).get("shape") or ()))
+        if runs and runs[-1][0] == what:
+            runs[-1][1] += 1
+        else:
+            runs.append([what, 1])
+    parts = [f"{'' if n == 1 else f'{n} × '}{prop} on {list(shape)}" for (prop, shape), n in runs]
+    if len(parts) > 6:
+        parts = parts[:6] + [f"… ({len(runs) - 6} more)"]
+    count = len(steps)
+    return (f"needs {count} earlier call{'s' if count > 1 else ''} in the same worker, oldest "
+            f"first: {', '.join(parts)} (the repro replays them)")
+
+
 def _violation_lines(r: dict[str, Any]) -> list[str]:
     out = [f"  {r['property']}: {r['message']}"]
     ce = r.get("counterexample") or {}
@@ -251,6 +271,8 @@ def _violation_lines(r: dict[str, Any]) -> list[str]:
             extras["temperature"] = ce["temperature"]
         if extras:
             out.append(f"    case: {extras}")
+        if ce.get("sequence"):
+            out.append(f"    {sequence_text(ce['sequence'])}")
         if ce.get("reproduces") is False:
             out.append("    note: re-checking this case alone did not fail again (flaky)")
         if "repro" in ce:

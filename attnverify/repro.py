@@ -46,8 +46,10 @@ def run_repro_command(args) -> int:
     params = _params(data, args.params)
     if "temperature" in params:
         positive_temperature(params["temperature"])
+    steps = []
     if args.property is not None:
         _property_id(args.property)
+        steps = _sequence(data)
     timeout = getattr(args, "timeout", None) or PROFILES["ci"]["timeout_s"]
     ctx = make_context("dev", seed=getattr(args, "seed", 0), timeout=timeout,
                        isolation=False if getattr(args, "no_isolation", False) else None)
@@ -58,7 +60,7 @@ def run_repro_command(args) -> int:
         if getattr(args, "reference", None):
             spec = spec.with_reference(args.reference.strip())
         if args.property is not None:
-            return _property(args.target, spec, args.property, data, ctx)
+            return _property(args.target, spec, args.property, data, ctx, steps)
         return _inequality(args.target, spec, args.inequality, data, params)
     except (WorkerFailed, remote.TargetRaised) as exc:
         what = getattr(exc, "reason", None) or f"raised {getattr(exc, 'remote_type', '')}: {exc}"
@@ -76,20 +78,40 @@ def _property_id(prop_id: str) -> None:
                          "the list")
 
 
-def _property(target: str, spec, prop_id: str, data: dict[str, Any], ctx) -> int:
-    from attnverify.checks import PROPERTIES
-    from attnverify.checks.base import NormalizerError, Violation
+def _sequence(data: dict[str, Any]) -> list:
+    """The earlier calls the case needs (``"sequence"``, :mod:`attnverify.sequence`), checked
+    before any worker starts."""
+    from attnverify import sequence
+    from attnverify.checks.cases import CASE_TYPES
+
+    return sequence.decode(data.get("sequence"), CASE_TYPES)
+
+
+def _property(target: str, spec, prop_id: str, data: dict[str, Any], ctx, steps=()) -> int:
+    from attnverify import sequence
+    from attnverify.certify import refusal_text
+    from attnverify.checks.base import NormalizerError, Violation, monitor_of
     from attnverify.checks.cases import CASE_TYPES
 
     case = decode_case(data, CASE_TYPES)
     label = f"{target}::{prop_id}"
+    if steps:  # in this one worker, started for this repro: the state the case needs
+        names = ", ".join(dict.fromkeys(s.property for s in steps))
+        print(f"replaying {len(steps)} earlier call{'s' if len(steps) > 1 else ''} first, in "
+              f"order, in one fresh worker ({names})")
+        sequence.replay(spec, ctx, steps)
+    monitor = monitor_of(spec)
+    mark = len(monitor.refused) if monitor is not None else 0
     try:
-        ratio = PROPERTIES[prop_id].recheck(spec, case, ctx)
+        ratio = sequence.run_step(spec, ctx, sequence.Step(prop_id, "recheck", case))
     except Violation as exc:
         print(f"VIOLATED: {label}: {exc.message}")
         return 1
     except NormalizerError as exc:
         print(f"ERROR: {label}: the normalizer raised {exc}")
+        return 1
+    if monitor is not None and len(monitor.refused) > mark:  # refused where the check went on
+        print(f"VIOLATED: {label}: {refusal_text(monitor.refused[mark].what)}")
         return 1
     print(f"holds: {label} on this case (ratio {float(ratio):.4g})")
     return 0

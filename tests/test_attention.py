@@ -18,6 +18,7 @@ import torch
 
 from attnverify import attention_spec
 from attnverify.attention import cases as AC
+from attnverify.attention import checks as K
 from attnverify.attention.kernels import builtins as attention_builtins
 from attnverify.attention.lift import lift
 from attnverify.attention.loader import load_attention
@@ -330,3 +331,46 @@ def test_a_kernel_assuming_contiguous_heads_fails_on_the_hugging_face_layout():
     recipe = res.counterexample["recipe"]
     assert recipe["layout"] != "bhld", recipe  # contiguous [B, H, L, d] input passes
     assert {"contiguous", "transposed", "expanded"} <= set(res.to_json()["coverage"]["layouts"])
+
+
+# --------------------------------------------------------------------------------------------
+# Gradients at keys no query attends (issue #25)
+
+MASKED_GRADIENT = str(Path(__file__).parent / "fixtures" / "planted_masked_gradient.py")
+
+
+def test_a_backward_wrong_only_at_masked_keys_fails_on_ci_and_reproduces():
+    """A FlashAttention-style backward that floors the recomputed weights at 1e-12: dk and dv of
+    keys no query attends are about 1e-12, far inside a tolerance relative to the largest
+    gradient; they must be exactly 0. The same backward without the floor holds."""
+    from attnverify.attention.repro import recheck
+
+    ci = make_context("ci", seed=0)
+    prop = ATTENTION_PROPERTIES["attn_gradients"]
+    bad = run_property(prop, lift(load_attention(f"{MASKED_GRADIENT}:floored_backward_attention")),
+                       ci)
+    assert bad.status == "violated", bad.message
+    assert "a key no query attends" in bad.message and "not exactly 0" in bad.message
+    recipe = bad.counterexample["recipe"]
+    assert recipe["l_q"] * recipe["l_k"] <= 4 and recipe["b"] == recipe["h"] == 1, recipe
+    assert recheck(f"{MASKED_GRADIENT}:floored_backward_attention", "attn_gradients",
+                   recipe) == 1
+    assert recheck(f"{MASKED_GRADIENT}:flash_backward_attention", "attn_gradients",
+                   recipe) == 0
+    good = run_property(prop, lift(load_attention(f"{MASKED_GRADIENT}:flash_backward_attention")),
+                        ci)
+    assert good.status == "holds", good.message
+
+
+def test_dead_keys_follow_the_mask_and_the_groups_of_query_heads():
+    r = AC.recipe(b=1, h=4, h_kv=2, l_q=3, l_k=5, mask="bool", mask_shape="heads")
+    case = AC.build(r)
+    a = load_attention("eager")
+    mask = torch.ones(1, 4, 3, 5, dtype=torch.bool)
+    mask[:, :2, :, 1] = False  # key 1: dead for query heads 0, 1 (key/value head 0) only
+    mask[:, :, :, 4] = False  # key 4: dead everywhere
+    case = case._replace(attn_mask=mask, is_causal=False)
+    dead = K.dead_keys(a, case)
+    assert dead.shape == (1, 2, 5)
+    assert dead[0, 0].tolist() == [False, True, False, False, True]
+    assert dead[0, 1].tolist() == [False, False, False, False, True]

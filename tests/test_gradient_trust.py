@@ -6,6 +6,7 @@ planted normalizer (tests/fixtures/planted_gradient.py) that every other propert
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,65 @@ def test_every_builtin_gradient_holds_per_dtype(name):
     res = run_property(PROPERTIES["gradient"], load_target(name), DEV)
     assert res.status == "holds", res.message
     assert [d for d, u in res.units if u.status == "holds"] == ["float32", "float64"]
+
+
+# --------------------------------------------------------------------------------------------
+# (f) every entry of the gradient: exactly 0 (and finite) at masked keys (issue #25)
+
+MASKED = str(FIXTURES / "planted_masked_gradient.py")
+CI = make_context("ci", seed=0)
+
+
+def test_the_gradient_at_a_masked_key_must_be_exactly_zero():
+    """A backward that passes the cotangent through to masked scores is wrong only where the
+    central differences cannot look (a -inf score cannot move) and only for a cotangent that is
+    not zero there: the cotangent is nonzero on masked keys, and those entries must be 0."""
+    with pytest.raises(Violation, match="at masked key 3 .*not exactly 0"):
+        G.check_gradient(planted("straight_through_mask_softmax", MASKED), case(ROWS), DEV)
+    with pytest.raises(Violation, match="at masked key 3"):
+        G.check_double_backward(planted("straight_through_mask_softmax", MASKED), case(ROWS),
+                                DEV)
+    for control in ("masked_autograd_softmax", "float32_accumulating_softmax"):
+        spec = planted(control, MASKED)
+        for dtype in (F64, F32):
+            assert G.check_gradient(spec, case(ROWS, dtype), DEV) <= 1
+            assert G.check_double_backward(spec, case(ROWS, dtype), DEV) <= 1
+
+
+def test_cotangents_reach_masked_keys_and_directions_do_not():
+    z = torch.tensor(ROWS, dtype=F64)
+    u, v, w = G._directions(z, 0, 3, every=(0, 2))
+    masked = z == float("-inf")
+    assert bool((u[masked] != 0).all()) and bool((w[masked] != 0).all())
+    assert bool((v[masked] == 0).all())
+    live_before = G._directions(z, 0, 3)  # the live entries are the same draws as before
+    assert torch.equal(u[~masked], live_before[0][~masked])
+
+
+@pytest.mark.parametrize("attr, prop_id, claims, needle", [
+    ("straight_through_mask_softmax", "gradient", (), "at masked key"),
+    ("straight_through_mask_softmax", "double_backward", ("double_backward",), "at masked key"),
+    ("lse_backward_softmax", "gradient", ("fully_masked_row",), "is nan at key"),
+])
+def test_a_backward_wrong_at_masked_keys_fails_on_ci_and_reproduces(attr, prop_id, claims,
+                                                                    needle, capsys):
+    spec = planted(attr, MASKED)
+    spec = spec.with_claims(tuple(spec.claims) + claims)
+    res = run_property(PROPERTIES[prop_id], spec, CI)
+    assert res.status == "violated", res.message
+    assert needle in res.message
+    ce = res.counterexample
+    assert ce["shape"][0] == 1 and ce["shape"][1] <= 2, ce["shape"]  # shrunk
+    assert "-inf" in ce["scores"][0]
+    capsys.readouterr()
+    assert main(shlex.split(ce["repro"])[1:]) == 1
+    assert needle in capsys.readouterr().out
+
+
+def test_correct_custom_backwards_with_masks_hold_on_ci():
+    for control in ("masked_autograd_softmax", "float32_accumulating_softmax"):
+        spec = planted(control, MASKED)
+        spec = spec.with_claims(tuple(spec.claims) + ("fully_masked_row", "double_backward"))
+        for prop_id in ("gradient", "double_backward"):
+            res = run_property(PROPERTIES[prop_id], spec, CI)
+            assert res.status == "holds", (control, prop_id, res.message)

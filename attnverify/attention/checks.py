@@ -337,9 +337,43 @@ def _leaf(t: torch.Tensor) -> torch.Tensor:
     return view.detach().requires_grad_(True)
 
 
+def dead_keys(a, case) -> torch.Tensor:
+    """Boolean ``[B, H_kv, L_k]``: the keys no query attends, of any query head that reads them
+    (with GQA, query head ``h`` reads key/value head ``h // (H / H_kv)``)."""
+    allowed = allowed_keys(a, case)  # [B, H, L_q, L_k]
+    batch, heads, _, l_k = allowed.shape
+    kv = case.k.shape[-3]
+    live = allowed.any(-2).reshape(batch, kv, heads // kv, l_k).any(-2)
+    return ~live
+
+
+def _dead_keys_exact(a, case, grads) -> None:
+    """The gradients w.r.t. the keys and values no query attends are exactly 0 (finite): such a
+    key's score is masked everywhere, so neither it nor its value moves the output. A tolerance
+    relative to the largest gradient would let a backward wrong only there pass."""
+    dead = dead_keys(a, case)
+    if not bool(dead.any()):
+        return
+    for name, got in (("k", grads[1]), ("v", grads[2])):
+        if got is None:
+            continue
+        g = got.detach().to("cpu", F64)
+        bad = dead.cpu()[..., None].expand(g.shape) & (g != 0)
+        if bool(bad.any()):
+            pos = [int(x) for x in bad.nonzero()[0]]
+            value = float(g[tuple(pos)])
+            raise Violation(
+                f"d⟨out, G⟩/d{name} is {value:.6g} at [b, h_kv, j, c] = {pos}, a key no query "
+                f"attends (masked for every query), not exactly 0; {int(bad.sum())} such entries"
+                f" [{describe_dtype(case.q.dtype)}]",
+                observed=abs(value) if value == value else math.inf, bound=0, ratio=math.inf,
+                wrt=name, at=pos)
+
+
 def check_gradients(spec, case, ctx) -> float:
     """Gradients w.r.t. q, k and v (of ⟨out, G⟩ for a random G) equal the float64 eager
-    reference's autograd gradients."""
+    reference's autograd gradients, and those w.r.t. keys and values no query attends are
+    exactly 0 (:func:`_dead_keys_exact`)."""
     a = attention_of(spec)
     g = torch.Generator().manual_seed(int(case.recipe["seed"]) + 13)
     leaves = [_leaf(t) for t in (case.q, case.k, case.v)]
@@ -353,6 +387,7 @@ def check_gradients(spec, case, ctx) -> float:
     want = reference(a, *ref_leaves, case.attn_mask, case.is_causal, case.scale,
                      case.enable_gqa)
     ref_grads = torch.autograd.grad((want * cot).sum(), ref_leaves)
+    _dead_keys_exact(a, case, grads)
     ratio = 0.0
     heads = case.q.shape[-3]
     for name, got, ref in zip("qkv", grads, ref_grads):

@@ -248,9 +248,11 @@ _ALL = [
           battery=({"l_q": 2, "l_k": 4096, "mag": 0.1, "b": 1, "h": 1, "h_kv": 1},
                    {"mask": "bool"})),
     _prop("attn_gradients", "gradients w.r.t. q, k and v equal the float64 eager reference's "
-          "autograd gradients", K.check_gradients, dtypes=lambda a: _grad_dtype(a),
+          "autograd gradients, and are exactly 0 for keys and values no query attends",
+          K.check_gradients, dtypes=lambda a: _grad_dtype(a),
           applies=_needs_grad, max_keys=GRADIENT_MAX_KEYS, scale=0.3,
           battery=({"mask": "bool"}, {"mask": "causal", "l_q": 4, "l_k": 6},
+                   {"mask": "columns", "l_k": 9}, {"b": 2, "mask": "padding", "l_k": 9},
                    {"b": 2, "h": 4, "h_kv": 4, "l_q": 9, "l_k": 65, "d": 8, "layout": "hf",
                     "mask": "batch_bool"},
                    {"b": 3, "h": 4, "h_kv": 2, "l_q": 6, "l_k": 6, "d": 12, "d_v": 20,

@@ -139,12 +139,14 @@ _ALL = [
     Property(id="gradient", statement="with grad enabled the weights are those without; "
              "reverse mode (and forward mode where it exists) matches central differences "
              "along random directions (taken in float64), per float32 / float64 unit; kinks are "
-             "stepped over", cases=G.gradient_cases, check=G.check_gradient,
+             "stepped over; every entry is finite and exactly 0 at masked keys (the cotangent "
+             "is not zero there)", cases=G.gradient_cases, check=G.check_gradient,
              explicit=G.gradient_battery, universal=True, examples_scale=0.3),
     Property(id="double_backward", statement="the gradient is differentiable (grad of grad) and "
              "its derivative matches central differences of the gradient (taken in float64), "
-             "per float32 / float64 unit", cases=G.gradient_cases,
-             check=G.check_double_backward, explicit=G.gradient_battery, examples_scale=0.2),
+             "per float32 / float64 unit; both finite and exactly 0 at masked keys",
+             cases=G.gradient_cases, check=G.check_double_backward,
+             explicit=G.gradient_battery, examples_scale=0.2),
     # ---- paper A
     Property(id="lemma1_weight_bounds", statement="C1/L ≤ α_i ≤ C2/L for logits in [−a, a], "
              "C2 = max F / min F (Lemma 1)", cases=C.bounded_cases, check=P.check_lemma1,

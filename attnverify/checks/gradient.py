@@ -12,15 +12,20 @@ of keys, is caught), at the case's temperature:
   the dtype's tolerance, what the same call returns without grad, and so does the primal output
   of forward mode (a training path that returns other weights is a defect whatever its
   gradient);
-- **reverse mode** ``⟨Jᵀu, v⟩`` (one ``backward`` with a random cotangent ``u``) against the
-  **central difference** ``⟨u, (f(z + hv) − f(z − hv)) / 2h⟩`` along a random direction ``v``
-  (zero on masked keys);
+- **reverse mode** ``⟨Jᵀu, v⟩`` (one ``backward`` with a random cotangent ``u``, nonzero on
+  masked keys too, as in a model) against the **central difference**
+  ``⟨u, (f(z + hv) − f(z − hv)) / 2h⟩`` along a random direction ``v`` (zero on masked keys:
+  a ``-inf`` score cannot move);
+- **every entry** of ``Jᵀu``: finite, and exactly 0 at every masked key (its weight is 0 around
+  ``z``; a backward that returns NaN there, or passes the cotangent through, is a defect the
+  differences along ``v`` cannot see);
 - **forward mode** ``⟨u, Jv⟩`` (``torch.func.jvp``) against both, where forward mode exists (a
   classic ``autograd.Function`` without ``jvp`` / ``setup_context`` has none: only reverse
   mode is checked, which is all ``.backward()`` uses).
 
 ``double_backward`` (claimable) does the same one order up: the reverse-mode derivative of
-``⟨Jᵀu, w⟩`` along ``v`` against central differences of the gradient ``Jᵀu``.
+``⟨Jᵀu, w⟩`` along ``v`` against central differences of the gradient ``Jᵀu`` (``u`` and ``w``
+nonzero on masked keys; ``Jᵀu`` and that derivative finite and exactly 0 at masked keys).
 
 **What the differences differentiate** (:func:`_source`). On float64 scores, the normalizer's own
 float64 map. On float32 scores, the float32 derivatives are compared with central differences in
@@ -303,13 +308,16 @@ def _step(z: Tensor, temperature: float | None, rel: float = STEP) -> Tensor:
     return rel * scale.clamp_max(1.0 if temperature is None else float(temperature))
 
 
-def _directions(z: Tensor, seed: int, count: int, dtype=F64) -> list[Tensor]:
-    """Random directions (zero on masked keys), float64 holding values of ``dtype``, so that the
-    products in ``dtype`` and the differences in float64 take the very same vectors."""
+def _directions(z: Tensor, seed: int, count: int, dtype=F64, *, every=()) -> list[Tensor]:
+    """Random vectors, float64 holding values of ``dtype``, so that the products in ``dtype`` and
+    the differences in float64 take the very same vectors: zero on masked keys (directions the
+    scores move along: a ``-inf`` score cannot move), but those whose index is in ``every``
+    (cotangents: in a model the gradient reaching a masked weight is not zero, and the gradient
+    with respect to its masked score must be 0 all the same)."""
     g = torch.Generator().manual_seed(int(seed) + 17)
     live = (z != NEG_INF).to(F64)
-    return [(torch.randn(z.shape, generator=g, dtype=F64) * live).to(dtype).to(F64)
-            for _ in range(count)]
+    return [(torch.randn(z.shape, generator=g, dtype=F64) * (1.0 if i in every else live))
+            .to(dtype).to(F64) for i in range(count)]
 
 
 def _grad(out: Tensor, wrt: Tensor, cotangent: Tensor, **kw) -> Tensor:
@@ -501,13 +509,25 @@ def _short(row: Tensor, limit: int = 6) -> str:
     return f"[{values}{', …' if row.numel() > limit else ''}]"
 
 
-def _finite(grad: Tensor, z: Tensor) -> None:
+def _finite(grad: Tensor, z: Tensor, what: str = "the gradient") -> None:
+    """Every entry of ``grad`` finite, and exactly 0 at every masked key: a ``-inf`` score moves
+    no weight (its weight is 0 in a neighbourhood), so the derivative with respect to it is 0
+    whatever reaches the weights, never NaN, never a value the central differences (which cannot
+    move a ``-inf`` score) would not see."""
     bad = ~torch.isfinite(grad)
     if bool(bad.any()):
         r, k = divmod(int(bad.flatten().nonzero()[0]), z.shape[-1])
-        raise Violation(f"row {r}: the gradient is {float(grad[r, k])} at key {k} "
+        raise Violation(f"row {r}: {what} is {float(grad[r, k])} at key {k} "
                         f"(score {float(z[r, k])})", observed=math.inf, bound=0, ratio=math.inf,
-                        row=r)
+                        row=r, key=k)
+    bad = (z == NEG_INF) & (grad != 0)
+    if bool(bad.any()):
+        r, k = divmod(int(bad.flatten().nonzero()[0]), z.shape[-1])
+        masked = int((z[r] == NEG_INF).sum())
+        raise Violation(f"row {r}: {what} is {float(grad[r, k]):.6g} at masked key {k} (score "
+                        f"-inf; {masked} of the row's {z.shape[-1]} keys masked), not exactly 0: "
+                        "a masked score moves no weight, whatever gradient reaches its weight",
+                        observed=abs(float(grad[r, k])), bound=0, ratio=math.inf, row=r, key=k)
 
 
 def _require_judged(diff: Difference, what: str) -> None:
@@ -532,7 +552,7 @@ def check_gradient(spec, case, ctx) -> float:
     dtype = scores.dtype
     z = as_float64(scores)
     f = _row_map(spec, case)
-    u, v = _directions(z, case.seed, 2, dtype)
+    u, v = _directions(z, case.seed, 2, dtype, every=(0,))
     with torch.enable_grad():
         zz = scores.clone().requires_grad_(True)
         out = _graph_output(f, case, zz)
@@ -639,7 +659,7 @@ def check_double_backward(spec, case, ctx) -> float:
     dtype = scores.dtype
     z = as_float64(scores)
     f = _row_map(spec, case)
-    u, v, w = _directions(z, case.seed, 3, dtype)
+    u, v, w = _directions(z, case.seed, 3, dtype, every=(0, 2))
     with torch.enable_grad():
         zz = scores.clone().requires_grad_(True)
         out = _graph_output(f, case, zz)
@@ -650,11 +670,13 @@ def check_double_backward(spec, case, ctx) -> float:
         if not first.requires_grad:
             raise Violation("the gradient carries no graph: backward is not differentiable",
                             observed=1, bound=0, ratio=math.inf)
+        _finite(as_float64(first.detach()), z)
         try:
             second = as_float64(_grad(first, zz, w.to(first.dtype)))
         except Exception as exc:  # noqa: BLE001 - a once-differentiable backward, say
             raise Violation(f"double backward raised {NormalizerError(exc)}", observed=1,
                             bound=0, ratio=math.inf) from exc
+    _finite(second, z, "the derivative of ⟨Jᵀu, w⟩")
     source = _source(spec, case, dtype, z, order=2)
     _same_values(out, source.own, dtype, "with grad enabled")
     step = _step(z, case.temperature, source.precision.step)
