@@ -114,6 +114,8 @@ def terminal_table(data: dict[str, Any]) -> str:
     lines = []
     for target in data["targets"]:
         lines.append(f"== {target['target']}  ({', '.join(target['claims']) or 'no claims'})")
+        if target.get("execution"):
+            lines.append(f"  device: {target['execution']}")
         if target.get("attention"):
             lines.extend(f"  {line}" for line in kernel_lines(target))
         elif target.get("reference"):
