@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 import sys
 
@@ -99,6 +100,27 @@ def _add_search_options(p: argparse.ArgumentParser,
                    help="load the target in this process (debugging: no process boundary, no "
                    "time limit, and a target that exits ends the run; also "
                    "ATTNVERIFY_ISOLATION=0); the certificate records it")
+    _add_triton_option(p)
+
+
+def _add_triton_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--triton-interpret", action="store_true",
+                   help="run the targets' Triton kernels in Triton's interpreter even where a "
+                   "GPU is visible (where none is, they always run there); needs "
+                   "attnverify[triton]")
+
+
+def use_triton_interpreter(args) -> None:
+    """``--triton-interpret``: every worker started from now on runs Triton kernels in the
+    interpreter (:mod:`attnverify.triton_runtime`); without triton, a usage error naming the
+    extra."""
+    if not getattr(args, "triton_interpret", False):
+        return
+    from attnverify import triton_runtime
+
+    if not triton_runtime.installed():
+        raise UsageError(triton_runtime.MISSING)
+    os.environ[triton_runtime.ENV] = "1"
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,6 +161,7 @@ def _certify_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_certify(args) -> int:
+    use_triton_interpreter(args)
     if getattr(args, "attention", None) is not None:
         if args.database is not None:
             raise UsageError("--database applies to normalizer certification, not --attention")
@@ -271,6 +294,7 @@ def _workers(text: str) -> int:
 
 
 def _run_falsify(args) -> int:
+    use_triton_interpreter(args)
     from attnverify.falsify import run_falsify_command
     from attnverify.isolation import falsify_in_worker
 
@@ -315,9 +339,11 @@ def _repro_args(p: argparse.ArgumentParser) -> None:
                    help="time limit of the worker process (default: the ci profile's)")
     p.add_argument("--no-isolation", action="store_true",
                    help="load the target in this process (debugging)")
+    _add_triton_option(p)
 
 
 def _run_repro(args) -> int:
+    use_triton_interpreter(args)
     from attnverify.repro import run_repro_command
 
     return run_repro_command(args)

@@ -42,10 +42,10 @@ COMPILED = "compiled"
 #: Rows per call of a normalizer whose Triton kernel runs in the interpreter (each row is at
 #: least one program instance, each program instance runs in Python).
 MAX_ROWS = 8
-#: Batch × query heads per call of an interpreted attention kernel; query lengths up to
-#: :data:`MAX_QUERIES` (a few query blocks each).
+#: Batch elements × query heads per call of an interpreted attention kernel (GQA groups up to
+#: 4 fit), and queries per call (two query blocks of 16, one of 32 or more).
 MAX_PROGRAMS = 4
-MAX_QUERIES = 33
+MAX_QUERIES = 17
 #: The line a missing triton gets (exit 2).
 MISSING = "--triton-interpret needs triton: pip install 'attnverify[triton]'"
 
@@ -96,15 +96,12 @@ def prepare(environ=None) -> str | None:
     if not installed():
         return None
     interpret = wants_interpreter(environ) or not _gpu_visible()
-    home = tempfile.mkdtemp(prefix="triton-")
-    dirs = {"TRITON_HOME": home, "TRITON_CACHE_DIR": os.path.join(home, "cache"),
-            "TRITON_DUMP_DIR": os.path.join(home, "dump"),
-            "TRITON_OVERRIDE_DIR": os.path.join(home, "override")}
-    environ.update(dirs)
-    if interpret:
-        environ["TRITON_INTERPRET"] = "1"
-    else:
-        environ.pop("TRITON_INTERPRET", None)
+    home = os.path.join(tempfile.gettempdir(), f"triton-{os.getpid()}")  # made when written
+    for name, value in variables(interpret, home).items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
     if _built_for(not interpret):
         _forget_triton()
     knobs = getattr(sys.modules.get("triton"), "knobs", None)
@@ -116,6 +113,16 @@ def prepare(environ=None) -> str | None:
             owner.__dict__.pop(name, None)
         knobs.runtime.interpret = interpret
     return INTERPRETER if interpret else COMPILED
+
+
+def variables(interpret: bool, home: str) -> dict[str, str | None]:
+    """The environment Triton reads, for kernels run by the interpreter or compiled, with every
+    directory it writes (caches, dumps, overrides, its home) beneath ``home``; ``None``:
+    unset."""
+    return {"TRITON_INTERPRET": "1" if interpret else None, "TRITON_HOME": home,
+            "TRITON_CACHE_DIR": os.path.join(home, "cache"),
+            "TRITON_DUMP_DIR": os.path.join(home, "dump"),
+            "TRITON_OVERRIDE_DIR": os.path.join(home, "override")}
 
 
 def _built_for(interpret: bool) -> bool:

@@ -166,6 +166,9 @@ class Context:
     #: keep their row lengths, layouts, axes, dtypes, masks and temperatures; only the row count
     #: (batch axes) is capped.
     max_rows: int | None = None
+    #: An attention call's cap, ``(batch × query heads, queries)`` (``None``: no cap); see
+    #: :data:`attnverify.triton_runtime.MAX_PROGRAMS`.
+    max_programs: tuple[int, int] | None = None
 
     #: The one dtype of the unit being run (:mod:`attnverify.shard`): ``full_dtypes`` and
     #: ``low_dtypes`` then hold it alone (or nothing); ``None``: every dtype of ``dtypes``.
