@@ -314,11 +314,11 @@ def triton_execution(fn, ctx: Context, attention: bool = False):
     if not triton_runtime.interpreted(runtime):
         return execution, None
     why = "Triton interpreter: each program instance runs in Python"
+    cap = {"rows": triton_runtime.MAX_ROWS, "reason": why,
+           "time_limit_factor": triton_runtime.TIME_FACTOR}
     if attention:
-        return execution, {"batch_heads": triton_runtime.MAX_PROGRAMS,
-                           "queries": triton_runtime.MAX_QUERIES,
-                           "rows": triton_runtime.MAX_ROWS, "reason": why}
-    return execution, {"rows": triton_runtime.MAX_ROWS, "reason": why}
+        cap.update(batch_heads=triton_runtime.MAX_PROGRAMS, queries=triton_runtime.MAX_QUERIES)
+    return execution, cap
 
 
 def side_effects(monitor, params: dict, limit: int = 8) -> list[dict[str, Any]]:

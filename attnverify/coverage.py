@@ -279,7 +279,10 @@ def describe(block: dict | None) -> str:
     if isinstance(cap, dict) and cap.get("rows"):
         heads = (f", {cap['batch_heads']} batch × heads and {cap['queries']} queries"
                  if cap.get("batch_heads") else "")
-        parts.append(f"at most {cap['rows']} rows{heads} per call ({cap.get('reason', '')})")
+        factor = cap.get("time_limit_factor")
+        more = f", {factor:g}× the time limit per example" if factor else ""
+        parts.append(f"at most {cap['rows']} rows{heads} per call ({cap.get('reason', '')}"
+                     f"{more})")
     return "; ".join(parts)
 
 

@@ -46,6 +46,9 @@ MAX_ROWS = 8
 #: 4 fit), and queries per call (two query blocks of 16, one of 32 or more).
 MAX_PROGRAMS = 4
 MAX_QUERIES = 17
+#: An interpreted Triton target's per-example time limit is the profile's (or ``--timeout``)
+#: times this: a slow interpreter is not a hung kernel.
+TIME_FACTOR = 3.0
 #: The line a missing triton gets (exit 2).
 MISSING = "--triton-interpret needs triton: pip install 'attnverify[triton]'"
 
@@ -180,6 +183,11 @@ def execution(device: str, runtime: dict) -> str:
     if mode == COMPILED:
         return f"{device}, Triton compiled"
     return str(device)
+
+
+def time_factor(runtime) -> float:
+    """What the per-example time limit of a target with this ``runtime`` is multiplied by."""
+    return TIME_FACTOR if interpreted(runtime) else 1.0
 
 
 def interpreted(runtime) -> bool:
