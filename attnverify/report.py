@@ -278,6 +278,8 @@ def markdown(data: dict[str, Any]) -> str:
         lines += [f"softmax_fused kernel: {data['softmax_kernel']}.", ""]
     for target in data["targets"]:
         lines += [f"## `{target['target']}` — {target['verdict']}", ""]
+        if target.get("execution"):
+            lines += [f"Device: {target['execution']}.", ""]
         if target.get("attention"):
             lines += [f"- {line}" for line in kernel_lines(target)] + [""]
         elif target.get("reference"):

@@ -25,6 +25,7 @@ from attnverify.checks import PROPERTIES
 from attnverify.checks import cases as C
 from attnverify.errors import TargetError
 from attnverify.registry import _missing_extra, normalizer_spec
+from attnverify.report import markdown, terminal_table
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "triton"
@@ -141,6 +142,11 @@ def test_one_block_row_softmax_holds_under_the_interpreter():
     data = res.to_json()
     assert data["execution"] == "cpu, Triton interpreter"
     assert data["coverage"]["per_call"]["rows"] == triton_runtime.MAX_ROWS
+    shown = terminal_table({"targets": [data]})
+    assert "device: cpu, Triton interpreter" in shown and "at most 8 rows per call" in shown
+    assert "Device: cpu, Triton interpreter." in markdown({
+        "targets": [data], "attnverify_version": "-", "torch_version": "-", "device": "cpu",
+        "profile": "dev", "seed": 0})
 
 
 @needs_triton
