@@ -7,6 +7,7 @@ exit code (0 ok, 1 violated / falsified, 2 usage, raised as :class:`UsageError`)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import re
@@ -110,17 +111,30 @@ def _add_triton_option(p: argparse.ArgumentParser) -> None:
                    "attnverify[triton]")
 
 
-def use_triton_interpreter(args) -> None:
-    """``--triton-interpret``: every worker started from now on runs Triton kernels in the
-    interpreter (:mod:`attnverify.triton_runtime`); without triton, a usage error naming the
-    extra."""
-    if not getattr(args, "triton_interpret", False):
-        return
+@contextlib.contextmanager
+def triton_mode(args):
+    """For the run of one command: where Triton kernels run in the workers it starts
+    (:mod:`attnverify.triton_runtime`). ``--triton-interpret`` (without triton: a usage error
+    naming the extra) and ``--device cpu`` ask for the interpreter (CPU tensors are what it
+    runs: a compiled kernel cannot take them, even where a GPU is visible); without either a
+    worker runs compiled kernels where it sees a GPU, the interpreter elsewhere."""
     from attnverify import triton_runtime
 
-    if not triton_runtime.installed():
+    forced = bool(getattr(args, "triton_interpret", False))
+    if forced and not triton_runtime.installed():
         raise UsageError(triton_runtime.MISSING)
+    if not forced and str(getattr(args, "device", "")).strip() != "cpu":
+        yield
+        return
+    before = os.environ.get(triton_runtime.ENV)
     os.environ[triton_runtime.ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(triton_runtime.ENV, None)
+        else:
+            os.environ[triton_runtime.ENV] = before
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,7 +175,6 @@ def _certify_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_certify(args) -> int:
-    use_triton_interpreter(args)
     if getattr(args, "attention", None) is not None:
         if args.database is not None:
             raise UsageError("--database applies to normalizer certification, not --attention")
@@ -294,7 +307,6 @@ def _workers(text: str) -> int:
 
 
 def _run_falsify(args) -> int:
-    use_triton_interpreter(args)
     from attnverify.falsify import run_falsify_command
     from attnverify.isolation import falsify_in_worker
 
@@ -343,7 +355,6 @@ def _repro_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_repro(args) -> int:
-    use_triton_interpreter(args)
     from attnverify.repro import run_repro_command
 
     return run_repro_command(args)

@@ -13,7 +13,7 @@ imports the target, whatever torch, the zygote (whose ``torch._dynamo`` imports 
 anything else imported first: it chooses the interpreter where no GPU is visible or where
 ``ATTNVERIFY_TRITON_INTERPRET=1`` (``certify --triton-interpret``) asks for it, sets the variable
 and the knob, and points Triton's caches, dumps and overrides (``TRITON_CACHE_DIR``,
-``TRITON_DUMP_DIR``, ``TRITON_OVERRIDE_DIR``, ``TRITON_HOME``) into a fresh directory under the
+``TRITON_DUMP_DIR``, ``TRITON_OVERRIDE_DIR``, ``TRITON_HOME``) beneath the
 worker's private ``TMPDIR`` (:mod:`attnverify.sandbox` lets it write nowhere else). After the
 load :func:`kernels_in` finds the Triton kernels the target's import brought in (objects of
 Triton's ``KernelInterface`` in the globals of the modules it imported, and of the target's own
@@ -93,14 +93,13 @@ def prepare(environ=None) -> str | None:
     The interpreter where no GPU is visible or :data:`ENV` asks for it: ``TRITON_INTERPRET=1``
     in ``environ`` (``os.environ``) and, when triton is already imported (torch's compiler
     imports it), its knob set too, so a value pinned in the process cannot win. Caches, dumps,
-    overrides and Triton's home go to a fresh directory under the temporary directory (the
-    worker's private ``TMPDIR``) either way."""
+    overrides and Triton's home go beneath the temporary directory (the worker's private
+    ``TMPDIR``) either way (:func:`variables`)."""
     environ = os.environ if environ is None else environ
     if not installed():
         return None
     interpret = wants_interpreter(environ) or not _gpu_visible()
-    home = os.path.join(tempfile.gettempdir(), f"triton-{os.getpid()}")  # made when written
-    for name, value in variables(interpret, home).items():
+    for name, value in variables(interpret, tempfile.gettempdir()).items():
         if value is None:
             environ.pop(name, None)
         else:
@@ -118,14 +117,16 @@ def prepare(environ=None) -> str | None:
     return INTERPRETER if interpret else COMPILED
 
 
-def variables(interpret: bool, home: str) -> dict[str, str | None]:
+def variables(interpret: bool, tmp: str) -> dict[str, str | None]:
     """The environment Triton reads, for kernels run by the interpreter or compiled, with every
-    directory it writes (caches, dumps, overrides, its home) beneath ``home``; ``None``:
-    unset."""
-    return {"TRITON_INTERPRET": "1" if interpret else None, "TRITON_HOME": home,
-            "TRITON_CACHE_DIR": os.path.join(home, "cache"),
-            "TRITON_DUMP_DIR": os.path.join(home, "dump"),
-            "TRITON_OVERRIDE_DIR": os.path.join(home, "override")}
+    directory it writes (its cache, where :func:`attnverify.sandbox.private_caches` puts it,
+    dumps, overrides, its home) beneath ``tmp`` (the worker's private ``TMPDIR``; Triton makes
+    each when it first writes there); ``None``: unset."""
+    return {"TRITON_INTERPRET": "1" if interpret else None,
+            "TRITON_HOME": os.path.join(tmp, "triton-home"),
+            "TRITON_CACHE_DIR": os.path.join(tmp, "triton"),
+            "TRITON_DUMP_DIR": os.path.join(tmp, "triton-dump"),
+            "TRITON_OVERRIDE_DIR": os.path.join(tmp, "triton-override")}
 
 
 def _built_for(interpret: bool) -> bool:

@@ -4,8 +4,9 @@ Each example is certified by the command itself (a subprocess: the zygote, the w
 interpreter where no GPU is visible), on the ci profile unless told otherwise, and its wall time
 is compared with its target (issue #26): the one-block row softmax within 5 minutes, the online
 (multi-block) row softmax within 8, the flash-attention forward within 15. Prints one line per
-example (verdict, what ran it, seconds, target) and exits 1 when one fails or runs over. Not a
-timed unit test: run it by hand; the README cites its figures.
+example (verdict, what ran it, wall seconds, CPU seconds of the command and its workers, the
+load average, the target) and exits 1 when one fails or runs over. Not a timed unit test: run
+it by hand; the README cites its figures.
 
     python benchmarks/triton_certify.py [--profile ci] [--only NAME …] [--json PATH]
 
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -41,9 +43,11 @@ def run_one(name: str, profile: str) -> dict:
         out = Path(tmp) / "cert.json"
         cmd = [sys.executable, "-m", "attnverify", "certify", *args, "--profile", profile,
                "--quiet", "--json", str(out)]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         data = json.loads(out.read_text()) if out.exists() else {}
     targets = data.get("targets") or [{}]
     t = targets[0]
@@ -52,8 +56,14 @@ def run_one(name: str, profile: str) -> dict:
     return {"name": name, "command": "attnverify certify " + " ".join(args[:1] + args[1:])
             + f" --profile {profile}", "exit": proc.returncode, "verdict": t.get("verdict"),
             "execution": t.get("execution"), "seconds": round(wall, 1), "target_s": target,
+            # CPU time of the command, its zygote and its workers (what a loaded machine's wall
+            # time hides), and the load average when it ended
+            "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
+                           1), "load_average": [round(x, 1) for x in os.getloadavg()],
             "within": wall <= target, "failing": bad,
             "per_call": (t.get("coverage") or {}).get("per_call"),
+            "row_count": (t.get("coverage") or {}).get("row_count"),
+            "row_length": (t.get("coverage") or {}).get("row_length"),
             "stderr": proc.stderr.strip().splitlines()[-1:] if proc.returncode == 2 else []}
 
 
@@ -74,7 +84,8 @@ def main(argv=None) -> int:
         row = run_one(name, args.profile)
         rows.append(row)
         ok &= row["verdict"] == "certified" and row["within"]
-        print(f"{name}: {row['verdict']} ({row['execution']}) in {row['seconds']:.0f} s, "
+        print(f"{name}: {row['verdict']} ({row['execution']}) in {row['seconds']:.0f} s "
+              f"({row['cpu_s']:.0f} s of CPU, load {row['load_average'][0]}), "
               f"target {row['target_s']} s{'' if row['within'] else ' OVER'}"
               + (f"; failing: {', '.join(row['failing'])}" if row["failing"] else ""),
               flush=True)

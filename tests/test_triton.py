@@ -117,6 +117,21 @@ def test_triton_interpret_without_triton_is_one_line_and_exit_2(monkeypatch, cap
     assert len(err.splitlines()) == 1 and "attnverify[triton]" in err
 
 
+def test_the_interpreter_is_asked_for_by_one_command_for_its_own_workers(monkeypatch):
+    import argparse
+    import os
+
+    from attnverify.commands import triton_mode
+
+    monkeypatch.setattr(triton_runtime, "installed", lambda: True)
+    monkeypatch.delenv(triton_runtime.ENV, raising=False)
+    for given, wanted in (({"triton_interpret": True, "device": "cuda"}, "1"),
+                          ({"device": "cpu"}, "1"), ({"device": "cuda"}, None), ({}, None)):
+        with triton_mode(argparse.Namespace(**given)):
+            assert os.environ.get(triton_runtime.ENV) == wanted, given
+        assert triton_runtime.ENV not in os.environ
+
+
 def test_a_target_whose_import_misses_triton_exits_2(tmp_path, capsys):
     target = tmp_path / "needs_triton.py"
     target.write_text("raise ModuleNotFoundError(\"No module named 'triton'\", name='triton')\n"

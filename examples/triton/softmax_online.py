@@ -12,7 +12,7 @@ import triton.language as tl
 
 #: Keys per block: rows longer than this take several blocks (the loop below). Wide blocks mean
 #: few steps, which is what the interpreter pays for.
-BLOCK = 128
+BLOCK = 256
 
 
 @triton.jit
