@@ -156,7 +156,8 @@ class TargetResult:
     #: What ran the target's Triton kernels, when it has any (``"cpu, Triton interpreter"``).
     execution: str | None = None
     #: The cap on each call's size its cases kept to (``{"rows": 8}``; attention:
-    #: ``{"batch_heads": 4, "queries": 33}``) and why; ``None``: no cap.
+    #: ``{"batch_heads": 4, "queries": 17}`` too), the time limit's factor and why; ``None``:
+    #: no cap.
     call_cap: dict[str, Any] | None = None
     #: An attention target's record (:func:`attnverify.attention.run.kernel_record`): the
     #: normalizer and score modification it declares, the reference and who named it.

@@ -38,6 +38,7 @@ worker leaves behind is reparented to it and killed.
 from __future__ import annotations
 
 import collections
+import inspect
 import itertools
 import operator
 import os
@@ -671,8 +672,6 @@ def _triton_record(mode, spec, before) -> dict[str, str]:
     names; nothing for a target without one."""
     if mode is None:
         return {}
-    import inspect
-
     modules = [sys.modules[m] for m in set(sys.modules) - before if m in sys.modules]
     fn = getattr(spec, "fn", None)
     for owner in (fn, getattr(fn, "attention", None), getattr(spec, "reference", None)):
