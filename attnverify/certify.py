@@ -21,7 +21,7 @@ import hypothesis
 import torch
 from hypothesis import given
 
-from attnverify import heartbeat, sequence
+from attnverify import heartbeat, sequence, triton_runtime
 from attnverify.checks import PROPERTIES, Property, Violation, properties_for
 from attnverify.checks.base import (
     Context,
@@ -153,6 +153,12 @@ class TargetResult:
     sandbox: list[str] = field(default_factory=list)
     #: What the worker reported of its runtime (``softmax_kernel``); not written per target.
     runtime: dict[str, Any] = field(default_factory=dict)
+    #: What ran the target's Triton kernels, when it has any (``"cpu, Triton interpreter"``).
+    execution: str | None = None
+    #: The cap on each call's size its cases kept to (``{"rows": 8}``; attention:
+    #: ``{"batch_heads": 4, "queries": 17}`` too), the time limit's factor and why; ``None``:
+    #: no cap.
+    call_cap: dict[str, Any] | None = None
     #: An attention target's record (:func:`attnverify.attention.run.kernel_record`): the
     #: normalizer and score modification it declares, the reference and who named it.
     attention: dict[str, Any] | None = None
@@ -180,6 +186,8 @@ class TargetResult:
 
         coverage = target_block(self.results)
         declared = (coverage or {}).get("declared")
+        if coverage is not None and self.call_cap:
+            coverage["per_call"] = dict(self.call_cap)
         return {
             "target": self.target,
             "claims": list(self.claims),
@@ -187,6 +195,7 @@ class TargetResult:
             "reference": self.reference,
             "reference_owner": self.reference_owner,
             **({"attention": dict(self.attention)} if self.attention is not None else {}),
+            **({"execution": self.execution} if self.execution else {}),
             "worker_pids": list(self.worker_pids),
             "sandbox": " | ".join(self.sandbox) if self.sandbox else None,
             "verdict": self.verdict,
@@ -266,12 +275,16 @@ def certify_target(
     """Check the universal properties and the claims of one normalizer (except those in
     ``skip``, by id)."""
     ctx = ctx or make_context()
+    execution, cap = triton_execution(spec.fn, ctx)
+    if cap:
+        ctx = dataclasses.replace(ctx, max_rows=cap["rows"])
     spec, props = plan(spec, claims, ctx)
     from attnverify.checks.reference import reference_label, reference_owner
 
     result = TargetResult(target=label or spec.id, claims=list(spec.claims),
                           params=dict(spec.params), reference=reference_label(spec),
-                          reference_owner=reference_owner(spec))
+                          reference_owner=reference_owner(spec), execution=execution,
+                          call_cap=cap)
     monitor = monitor_of(spec)
     shard = getattr(ctx, "shard", None)
     for prop in props:
@@ -288,6 +301,25 @@ def certify_target(
             result.side_effects = side_effects(monitor, spec.params)
     result.runtime = dict(getattr(spec.fn, "runtime", None) or {})
     return result
+
+
+def triton_execution(fn, ctx: Context, attention: bool = False):
+    """``(execution, call cap)`` of a target whose worker found Triton kernels
+    (:mod:`attnverify.triton_runtime`): what ran them (``"cpu, Triton interpreter"``) and, for
+    the interpreter, the few program instances per call its cases keep to; ``(None, None)``
+    for any other target."""
+    runtime = getattr(fn, "runtime", None) or {}
+    if not runtime.get("triton"):
+        return None, None
+    execution = triton_runtime.execution(ctx.device, runtime)
+    if not triton_runtime.interpreted(runtime):
+        return execution, None
+    why = "Triton interpreter: each program instance runs in Python"
+    cap = {"rows": triton_runtime.MAX_ROWS, "reason": why,
+           "time_limit_factor": triton_runtime.TIME_FACTOR}
+    if attention:
+        cap.update(batch_heads=triton_runtime.MAX_PROGRAMS, queries=triton_runtime.MAX_QUERIES)
+    return execution, cap
 
 
 def side_effects(monitor, params: dict, limit: int = 8) -> list[dict[str, Any]]:

@@ -109,7 +109,10 @@ def _main(argv: list[str] | None) -> int:
             parser.print_help()
             return EXIT_USAGE
         settings.check()
-        return int(commands[args.command][2](args))
+        from attnverify.commands import triton_mode  # loaded with the parser, on dispatch
+
+        with triton_mode(args):
+            return int(commands[args.command][2](args))
     except UsageError as exc:
         print(f"attnverify: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -7,7 +7,9 @@ exit code (0 ok, 1 violated / falsified, 2 usage, raised as :class:`UsageError`)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import os
 import re
 import sys
 
@@ -105,6 +107,40 @@ def _add_search_options(p: argparse.ArgumentParser,
                    help="load the target in this process (debugging: no process boundary, no "
                    "time limit, and a target that exits ends the run; also "
                    "ATTNVERIFY_ISOLATION=0); the certificate records it")
+    _add_triton_option(p)
+
+
+def _add_triton_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--triton-interpret", action="store_true",
+                   help="run the targets' Triton kernels in Triton's interpreter even where a "
+                   "GPU is visible (where none is, they always run there); needs "
+                   "attnverify[triton]")
+
+
+@contextlib.contextmanager
+def triton_mode(args):
+    """For the run of one command: where Triton kernels run in the workers it starts
+    (:mod:`attnverify.triton_runtime`). ``--triton-interpret`` (without triton: a usage error
+    naming the extra) and ``--device cpu`` ask for the interpreter (CPU tensors are what it
+    runs: a compiled kernel cannot take them, even where a GPU is visible); without either a
+    worker runs compiled kernels where it sees a GPU, the interpreter elsewhere."""
+    from attnverify import triton_runtime
+
+    forced = bool(getattr(args, "triton_interpret", False))
+    if forced and not triton_runtime.installed():
+        raise UsageError(triton_runtime.MISSING)
+    if not forced and str(getattr(args, "device", "")).strip() != "cpu":
+        yield
+        return
+    before = os.environ.get(triton_runtime.ENV)
+    os.environ[triton_runtime.ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(triton_runtime.ENV, None)
+        else:
+            os.environ[triton_runtime.ENV] = before
 
 
 # --------------------------------------------------------------------------------------------
@@ -351,6 +387,7 @@ def _repro_args(p: argparse.ArgumentParser) -> None:
                    help="time limit of the worker process (default: the ci profile's)")
     p.add_argument("--no-isolation", action="store_true",
                    help="load the target in this process (debugging)")
+    _add_triton_option(p)
 
 
 def _run_repro(args) -> int:

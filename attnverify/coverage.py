@@ -275,6 +275,14 @@ def describe(block: dict | None) -> str:
              f"{block.get('fully_masked_rows', 0)}"]
     if block.get("temperature"):
         parts.append(f"T {_range(block['temperature'])}")
+    cap = block.get("per_call")
+    if isinstance(cap, dict) and cap.get("rows"):
+        heads = (f", {cap['batch_heads']} batch × heads and {cap['queries']} queries"
+                 if cap.get("batch_heads") else "")
+        factor = cap.get("time_limit_factor")
+        more = f", {factor:g}× the time limit per example" if factor else ""
+        parts.append(f"at most {cap['rows']} rows{heads} per call ({cap.get('reason', '')}"
+                     f"{more})")
     return "; ".join(parts)
 
 

@@ -118,7 +118,9 @@ def merge_parts(parts: list[tuple[str, dict]]) -> dict[str, Any]:
                               params=dict(head.get("params") or {}),
                               reference=head.get("reference"),
                               reference_owner=head.get("reference_owner"),
-                              attention=head.get("attention"))
+                              attention=head.get("attention"),
+                              execution=head.get("execution"),
+                              call_cap=(head.get("coverage") or {}).get("per_call"))
         for version in versions:
             target.worker_pids += [p for p in version.get("worker_pids") or []
                                    if p not in target.worker_pids]

@@ -120,6 +120,7 @@ def _import_module(name: str):
     except ModuleNotFoundError as exc:
         if exc.name == name or name.startswith(f"{exc.name}."):  # the target itself is missing
             raise TargetError(f"module {name!r} not found ({_one_line(exc)})") from None
+        _missing_extra(exc, f"module {name!r}")
         raise TargetImportFailed(f"importing module {name!r} failed: {_one_line(exc)}") from None
     except UsageError:  # a declaration refused by attnverify's own API at import: bad input
         raise
@@ -143,8 +144,23 @@ def _import_file(path: str):
         raise
     except Exception as exc:  # noqa: BLE001 - the target's own code raised
         sys.modules.pop(mod_name, None)
+        _missing_extra(exc, f"file {path!r}")
         raise TargetImportFailed(f"importing file {path!r} failed: {_one_line(exc)}") from None
     return module
+
+
+#: Optional dependencies a target may import, by top-level module: the extra that installs each.
+EXTRAS = {"triton": "triton"}
+
+
+def _missing_extra(exc: BaseException, what: str) -> None:
+    """A target importing an optional dependency attnverify has an extra for, not installed
+    here: a usage error (exit 2) naming the extra, not a failure of the target."""
+    name = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    extra = EXTRAS.get(str(name or "").partition(".")[0])
+    if extra is not None:
+        raise TargetError(f"{what} imports {name}, which is not installed here: "
+                          f"pip install 'attnverify[{extra}]'") from None
 
 
 def _entry_points() -> dict[str, metadata.EntryPoint]:

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from attnverify import heartbeat, prestart, wire
+from attnverify import heartbeat, prestart, triton_runtime, wire
 from attnverify.checks.base import Violation, monitor_of
 from attnverify.errors import TargetFailedInFull, UsageError, WorkerFailed
 
@@ -1117,6 +1117,7 @@ def _open_normalizer(channel: Channel, target: str):
                         formula=d["kernel"]["formula"])
     extra = {k: _tuple(d[k]) for k in _NORMALIZER_FIELDS if k in d}
     fn.runtime = dict(d["runtime"])
+    channel.timeout_s *= triton_runtime.time_factor(fn.runtime)  # interpreted Triton kernels
     # the target string is the checker's own (a repro line re-checks what was asked for,
     # whatever the worker says it is)
     spec = NormalizerSpec(id=d["id"], fn=fn, kernel=kernel, params=dict(d["params"]),
@@ -1302,6 +1303,7 @@ def open_attention(target: str, params: dict | None, ctx):
     runtime = d.get("runtime") if isinstance(d.get("runtime"), dict) else {}
     fn.runtime = {printable(k, 80): printable(v) for k, v in list(runtime.items())[:20]
                   if isinstance(k, str) and isinstance(v, str)}
+    channel.timeout_s *= triton_runtime.time_factor(fn.runtime)  # interpreted Triton kernels
     return AttentionSpec(fn=fn, **values)
 
 

@@ -114,6 +114,8 @@ def terminal_table(data: dict[str, Any]) -> str:
     lines = []
     for target in data["targets"]:
         lines.append(f"== {target['target']}  ({', '.join(target['claims']) or 'no claims'})")
+        if target.get("execution"):
+            lines.append(f"  device: {target['execution']}")
         if target.get("attention"):
             lines.extend(f"  {line}" for line in kernel_lines(target))
         elif target.get("reference"):
@@ -298,6 +300,8 @@ def markdown(data: dict[str, Any]) -> str:
         lines += [f"softmax_fused kernel: {data['softmax_kernel']}.", ""]
     for target in data["targets"]:
         lines += [f"## `{target['target']}` — {target['verdict']}", ""]
+        if target.get("execution"):
+            lines += [f"Device: {target['execution']}.", ""]
         if target.get("attention"):
             lines += [f"- {line}" for line in kernel_lines(target)] + [""]
         elif target.get("reference"):

@@ -38,6 +38,7 @@ worker leaves behind is reparented to it and killed.
 from __future__ import annotations
 
 import collections
+import inspect
 import itertools
 import operator
 import os
@@ -47,7 +48,7 @@ import sys
 import time
 from typing import Any
 
-from attnverify import wire
+from attnverify import triton_runtime, wire
 
 #: Inputs and outputs of recent calls stay referenced, up to this many bytes each (no address
 #: is reused among them, so a cache keyed on an address cannot answer a later call).
@@ -374,6 +375,8 @@ class Server:
         self.reference = None
         self.recent_inputs = _Recent()
         self.recent_outputs = _Recent()
+        #: How the target's Triton kernels run (``runtime``: ``triton``, ``triton_kernels``).
+        self.triton: dict[str, str] = {}
 
     # ---- load ------------------------------------------------------------------------------
 
@@ -383,6 +386,8 @@ class Server:
         if kind not in ("normalizer", "attention") or not isinstance(target, str) or \
                 not isinstance(params, dict):
             raise wire.ProtocolError("a load request without kind, target or params")
+        triton = triton_runtime.prepare()  # before the target's import: it decides jit's kind
+        before = set(sys.modules)
         if kind == "normalizer":
             from attnverify.registry import load_target
 
@@ -392,6 +397,7 @@ class Server:
 
             self.spec = load_attention(target, params)
         self.kind = kind
+        self.triton = _triton_record(triton, self.spec, before)
         return self.describe()
 
     def describe(self) -> dict:
@@ -414,6 +420,7 @@ class Server:
             out["reference"] = spec.reference if isinstance(spec.reference, str) else ""
         fused = sys.modules.get("attnverify.normalizers.fused")
         out["runtime"] = {"softmax_kernel": _text(fused.status())} if fused is not None else {}
+        out["runtime"].update(self.triton)
         return out
 
     def _describe_reference(self):
@@ -657,6 +664,24 @@ class Server:
             accepted.append(out)
         self.recent_outputs.append(accepted)
         return [t.detach() for t in accepted]
+
+
+def _triton_record(mode, spec, before) -> dict[str, str]:
+    """The description's ``runtime`` entries of a target whose import brought Triton kernels
+    (in a module it imported, or in the module of its function): how they run and their
+    names; nothing for a target without one."""
+    if mode is None:
+        return {}
+    modules = [sys.modules[m] for m in set(sys.modules) - before if m in sys.modules]
+    fn = getattr(spec, "fn", None)
+    for owner in (fn, getattr(fn, "attention", None), getattr(spec, "reference", None)):
+        module = inspect.getmodule(owner) if owner is not None else None
+        if module is not None:
+            modules.append(module)
+    kernels = triton_runtime.kernels_in(modules)
+    if not kernels:
+        return {}
+    return {"triton": mode, "triton_kernels": _text(", ".join(kernels))}
 
 
 class _Recent:

@@ -62,24 +62,26 @@ def _alpha_fn(subjects, name: str, alpha: float):
     return functools.partial(load_target("entmax_alpha", {"alpha": alpha}), dim=-1)
 
 
-def _case(subjects, name, args, fn=None):
+def _case(subjects, name, args, fn=None, backward=True):
     case = subjects.Case(
         "torch.softmax" if fn else name, args.rows, args.L, args.dtype, args.device, backward=False
     )
     if fn is not None:
         case.name, case.fn = name, fn
         case.forward()
-    case._prepare_backward(args.rows, args.L, args.dtype)
-    case.backward()
+    if backward:
+        case._prepare_backward(args.rows, args.L, args.dtype)
+        case.backward()
     return case
 
 
-def compare_pair(mods, args, ours: str, theirs: str, label: str, fns=(None, None)) -> list[dict]:
+def compare_pair(mods, args, ours: str, theirs: str, label: str, fns=(None, None),
+                 directions=("forward", "backward")) -> list[dict]:
     devices, grid, measure, subjects = mods
-    a = _case(subjects, ours, args, fns[0])
-    b = _case(subjects, theirs, args, fns[1])
+    a = _case(subjects, ours, args, fns[0], "backward" in directions)
+    b = _case(subjects, theirs, args, fns[1], "backward" in directions)
     rows = []
-    for direction in ("forward", "backward"):
+    for direction in directions:
         body_a = a.forward if direction == "forward" else a.backward
         body_b = b.forward if direction == "forward" else b.backward
         s = measure.interleaved(
@@ -217,6 +219,8 @@ def render(report: dict) -> str:
             f"| {_ms(cp['softmax_s'])} | {_ms(cp['copy_s'])} | {_ratio(cp['ratio'])} "
             f"| ≤ {cp['target']:.2f} {_verdict(cp['meets_target'])} |"
         )
+    for sk in report.get("skipped") or []:
+        lines.append(f"| {sk['name']} | torch.softmax | skipped: {sk['reason']} | | | | |")
     cp = report["copy"]
     lines += ["", f"copy bandwidth: {cp['copy_gb_per_s']:.1f} GB/s (read + write)", ""]
     lines += [
@@ -285,6 +289,19 @@ def main(argv=None) -> int:
         peers += compare_pair(
             mods, args, "entmax_alpha", "entmax.entmax_bisect", f"entmax_alpha α={alpha}", fns
         )
+    skipped = []
+    for name in grid.TRITON_EXAMPLES:  # Triton kernels: on a GPU only
+        if args.device != "cuda":
+            skipped.append({"name": name, "reason": mods[3].TRITON_SKIP})
+            print(f"compare_peers: {name} skipped: {mods[3].TRITON_SKIP}", file=sys.stderr)
+            continue
+        try:
+            # forward kernels: no backward to time
+            peers += compare_pair(mods, args, name, "torch.softmax", name,
+                                  directions=("forward",))
+        except NotImplementedError as exc:  # triton missing
+            skipped.append({"name": name, "reason": str(exc)})
+            print(f"compare_peers: {name} skipped: {exc}", file=sys.stderr)
     report = {
         "config": {
             "rows": args.rows,
@@ -295,6 +312,7 @@ def main(argv=None) -> int:
         },
         "machine": machine(mods, args),
         "peers": peers,
+        "skipped": skipped,
         "copy": compare_copy(mods, args, "softmax_fused"),
         "copy_softmax": compare_copy(mods, args, "softmax"),
         "accuracy": [accuracy(mods, args, a) for a in alphas],

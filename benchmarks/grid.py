@@ -55,7 +55,12 @@ PEER_OF = {
     "entmax_alpha": "entmax.entmax_bisect",
 }
 
-NORMALIZERS = (*BUILTIN_IDS, TARGET, *PEERS)
+#: The Triton examples (examples/triton/), timed on a GPU only: elsewhere they would run in
+#: Triton's interpreter, whose timings mean nothing (skipped, saying so). Each is compared with
+#: ``torch.softmax`` by compare_peers.py.
+TRITON_EXAMPLES = ("triton.softmax_rows", "triton.softmax_online")
+
+NORMALIZERS = (*BUILTIN_IDS, TARGET, *PEERS, *TRITON_EXAMPLES)
 
 #: Parameters the benchmarks pass instead of the defaults. α = 1.5 is what ``entmax15`` and
 #: ``entmax.entmax15`` already measure, so α-entmax and the bisection peer run at α = 1.25,

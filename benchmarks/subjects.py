@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 
 from . import devices
-from .grid import BUILTIN_IDS, OVERRIDES, PEERS, TARGET
+from .grid import BUILTIN_IDS, OVERRIDES, PEERS, TARGET, TRITON_EXAMPLES
 
 #: ``ATTNVERIFY_BENCH_TARGET``: the user's normalizer as a target string (docs/INTERFACES.md):
 #: ``package.module:attr``, ``path/to/file.py:attr``, an entry-point name or a built-in id.
@@ -31,10 +31,18 @@ def dtype_of(name: str):
     return getattr(torch, name)
 
 
-def resolve(name: str) -> Callable:
-    """``f(scores) -> weights`` along the last dimension, for a grid name."""
+#: Why a Triton kernel is not timed off a GPU.
+TRITON_SKIP = ("Triton kernels are timed on a GPU only: here they would run in Triton's "
+               "interpreter, whose timings mean nothing")
+
+
+def resolve(name: str, device: str = "cpu") -> Callable:
+    """``f(scores) -> weights`` along the last dimension, for a grid name (a Triton kernel,
+    an example's or the user's target, only on a GPU: ``NotImplementedError`` elsewhere)."""
     if name == TARGET:
-        return _target()
+        return _target(device)
+    if name in TRITON_EXAMPLES:
+        return _triton_example(name, device)
     if name in PEERS:
         return _peer(name)
     if name in BUILTIN_IDS:
@@ -42,13 +50,43 @@ def resolve(name: str) -> Callable:
     raise ValueError(f"unknown normalizer {name!r} in the benchmark grid")
 
 
-def _target() -> Callable:
+def _target(device: str) -> Callable:
     target = os.environ.get(TARGET_ENV, "").strip()
     if not target:
         raise NotImplementedError(f"set {TARGET_ENV}=package.module:attr to benchmark a target")
     from attnverify.registry import load_target, parse_params
 
     spec = load_target(target, parse_params(os.environ.get(TARGET_PARAMS_ENV)))
+    if device != "cuda" and _uses_triton(spec.fn):
+        raise NotImplementedError(f"{target}: {TRITON_SKIP}")
+    return functools.partial(spec, dim=-1)
+
+
+def _uses_triton(fn) -> bool:
+    """Whether ``fn``'s module binds a Triton kernel (``@triton.jit`` and the like)."""
+    import inspect
+
+    try:
+        from attnverify import triton_runtime
+    except ImportError:  # a commit before Triton targets
+        return False
+    module = inspect.getmodule(fn)
+    return bool(module is not None and triton_runtime.kernels_in([module]))
+
+
+def _triton_example(name: str, device: str) -> Callable:
+    if device != "cuda":
+        raise NotImplementedError(f"{name}: {TRITON_SKIP}")
+    try:
+        import triton  # noqa: F401 - only whether it is there
+    except ImportError as exc:
+        raise NotImplementedError(f"{name}: triton is not installed") from exc
+    from pathlib import Path
+
+    from attnverify.registry import load_target
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "triton"
+    spec = load_target(f"{path / name.removeprefix('triton.')}.py:softmax")
     return functools.partial(spec, dim=-1)
 
 
@@ -105,7 +143,7 @@ class Case:
         devices.require(device)
         devices.configure_threads()
         self.name, self.device = name, device
-        self.fn = resolve(name)
+        self.fn = resolve(name, device)
         self.z = scores(rows, length, dtype, device)
         self.numel = self.z.numel()
         self.itemsize = self.z.element_size()

@@ -389,10 +389,11 @@ def _mask_fields(draw, masks, mask_types, dead: bool) -> dict[str, Any]:
 def recipes(*, dtypes, masks=("none",), max_keys=MAX_KEYS, gqa=False, head_dims=HEAD_DIMS,
             min_keys=1, positive_v=False, scales=("default", "explicit"), device="cpu",
             min_batch=1, max_batch=MAX_BATCH, max_heads=MAX_HEADS, mask_types=MASK_TYPES,
-            dead=False, max_head_dim=None, layouts=LAYOUTS, budget=BUDGET):
+            dead=False, max_head_dim=None, layouts=LAYOUTS, budget=BUDGET, cap=None):
     """Hypothesis strategy of recipes; ``gqa=True`` draws fewer key/value heads than query heads,
     ``gqa="mixed"`` sometimes. ``max_head_dim`` caps ``d`` and ``d_v`` (a kernel's declared
-    limit); ``dead``: every mask has query rows that see no key."""
+    limit); ``dead``: every mask has query rows that see no key; ``cap``
+    ``(programs, queries)``: each recipe :func:`capped`."""
     names = [str(d).removeprefix("torch.") for d in dtypes]
     dims = [d for d in head_dims if max_head_dim is None or d <= max_head_dim] or [
         min(head_dims)]
@@ -420,9 +421,25 @@ def recipes(*, dtypes, masks=("none",), max_keys=MAX_KEYS, gqa=False, head_dims=
             "positive_v": positive_v, "device": device,
             "seed": draw(st.integers(0, 2**16)), "layout": draw(st.sampled_from(layouts)),
         }
-        return out
+        return out if cap is None else capped(out, *cap)
 
     return draw()
+
+
+def capped(r: dict[str, Any], programs: int, queries: int) -> dict[str, Any]:
+    """``r`` with at most ``programs`` batch elements × query heads and ``queries`` queries (an
+    interpreted Triton kernel pays per program instance), its GQA group kept where it fits;
+    every other field (lengths of the keys, ``d``, mask, layout, dtype, magnitude) as it was."""
+    r = dict(r)
+    r["l_q"] = min(r["l_q"], queries)
+    h, h_kv = r["h"], max(1, r["h_kv"])
+    group = h // h_kv if h % h_kv == 0 else 1
+    if group > programs:
+        group = max(g for g in (1, *GROUPS) if g <= programs)
+    h_kv = max(1, min(h_kv, programs // group))
+    r["h"], r["h_kv"] = h_kv * group, h_kv
+    r["b"] = max(1, min(r["b"], programs // r["h"]))
+    return r
 
 
 def recipe(**over) -> dict[str, Any]:

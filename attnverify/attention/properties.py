@@ -111,7 +111,7 @@ def _prop(id, statement, check, *, masks=ALL_MASKS, dtypes=full_dtypes, applies=
         mixed = ("mixed" if a.gqa else False) if gqa is None else gqa
         options = {"masks": masks, "max_keys": min(max_keys or AC.MAX_KEYS, _max_keys(ctx)),
                    "gqa": mixed, "device": ctx.device, "max_head_dim": a.max_head_dim,
-                   **recipe_options}
+                   "cap": getattr(ctx, "max_programs", None), **recipe_options}
         return AC.recipes(dtypes=dtypes_of(spec, ctx), **options).map(AC.build)
 
     def explicit(spec, ctx):
@@ -120,6 +120,8 @@ def _prop(id, statement, check, *, masks=ALL_MASKS, dtypes=full_dtypes, applies=
         out = []
         for over in battery:
             r = AC.recipe(dtype=dtype, device=ctx.device, **over)
+            if getattr(ctx, "max_programs", None) is not None:
+                r = AC.capped(r, *ctx.max_programs)
             if gqa is None and not a.gqa and r["h"] != r["h_kv"]:
                 continue
             if a.max_head_dim is not None and max(r["d"], r["d_v"]) > a.max_head_dim:

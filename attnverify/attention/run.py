@@ -93,18 +93,26 @@ def _skip_reason(a: AttentionSpec, prop_id: str) -> str:
 
 
 def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=None, *,
-                      label: str | None = None, progress=None):
-    """Every normalizer property of the lifted kernel and every attention property."""
-    from attnverify.certify import TargetResult, make_context
+                      label: str | None = None, progress=None, skip=()):
+    """Every normalizer property of the lifted kernel and every attention property (except
+    those in ``skip``, by id)."""
+    from attnverify.certify import TargetResult, make_context, triton_execution
 
     ctx = ctx or make_context()
+    execution, cap = triton_execution(a.fn, ctx, attention=True)
+    if cap:  # an interpreted Triton kernel: few program instances per call
+        ctx = dataclasses.replace(ctx, max_rows=cap["rows"],
+                                  max_programs=(cap["batch_heads"], cap["queries"]))
     chosen = resolve_claims(a, claims)
     spec = _lifted(a, chosen)
     result = TargetResult(target=label or a.target or a.id,
                           claims=list(dict.fromkeys([*chosen, *spec.claims])),
                           params=dict(a.params), reference=a.reference or a.normalizer,
-                          reference_owner="checker", attention=kernel_record(a))
+                          reference_owner="checker", attention=kernel_record(a),
+                          execution=execution, call_cap=cap)
     for prop_id, pctx in property_plan(a, spec, chosen, ctx):
+        if prop_id in skip:
+            continue
         res = run_one(a, chosen, prop_id, pctx, label=result.target)
         result.results.append(res)
         if progress is not None:

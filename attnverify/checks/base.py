@@ -161,6 +161,14 @@ class Context:
     temperature: float | None = None
     #: ``--reference REF``: the target string every target is compared with (matches_reference).
     reference: str | None = None
+    #: The most rows one call of the target gets (``None``: no cap): a Triton kernel run by the
+    #: interpreter pays per program instance (:data:`attnverify.triton_runtime.MAX_ROWS`). Cases
+    #: keep their row lengths, layouts, axes, dtypes, masks and temperatures; only the row count
+    #: (batch axes) is capped.
+    max_rows: int | None = None
+    #: An attention call's cap, ``(batch × query heads, queries)`` (``None``: no cap); see
+    #: :data:`attnverify.triton_runtime.MAX_PROGRAMS`.
+    max_programs: tuple[int, int] | None = None
 
     #: The one dtype of the unit being run (:mod:`attnverify.shard`): ``full_dtypes`` and
     #: ``low_dtypes`` then hold it alone (or nothing); ``None``: every dtype of ``dtypes``.

@@ -156,8 +156,12 @@ def row_cases(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None, m
     but for one case in ``N``, whose rows go up to the profile's longest (``ctx.max_length``)."""
     kinds = _kinds(spec, kinds, allow_mask)
     longest = ctx.max_length
+    most = MANY_ROWS if many else 4
+    cap = getattr(ctx, "max_rows", None)
+    if cap is not None:  # few program instances per call (an interpreted Triton kernel)
+        most, min_batch = min(most, cap), min(min_batch, cap)
     options = (kinds, tuple(dtypes or ctx.full_dtypes), max_length or longest,
-               min_batch, MANY_ROWS if many else 4, space_of(spec), ctx.device,
+               min_batch, most, space_of(spec), ctx.device,
                max(ELEMENTS, getattr(ctx, "max_elements", ELEMENTS)),
                (longest, long_share) if long_share else None)
     return _row_cases(options, _temperature(spec, ctx))
@@ -169,7 +173,7 @@ def _row_cases(draw, options, temperature) -> RowCase:
     kind = draw(_choices(kinds))
     dtype = draw(_choices(dtypes))
     fewest = max(min_batch, 2 if kind == "mixed_scale" else 1)
-    few = max(fewest, 4)
+    few = max(fewest, min(4, many))
     rows = draw(LY.row_counts(min_rows=fewest, max_rows=few, many=many))
     if long_rows is not None and draw(LY.ints(0, long_rows[1] - 1)) == long_rows[1] - 1:
         max_length = long_rows[0]  # shrinks towards the short rows (draws 0 … N - 2)
@@ -270,8 +274,10 @@ def explicit_cases(spec, ctx: Context, entries, *, kinds, dtype,
                    temperature) -> list[RowCase]:
     """The cases of ``entries`` (:class:`Explicit`), each built once per process and copied per
     case, in its layout within what ``spec`` takes."""
-    out = []
+    out, cap = [], getattr(ctx, "max_rows", None)
     for entry in entries:
+        if cap is not None and entry.rows > cap:  # its row length and layout, fewer rows
+            entry = entry._replace(rows=cap)
         kind = "masked" if entry.masked and "masked" in kinds else "gaussian"
         scores = _explicit_rows(kind, entry.length, entry.rows, dtype, entry.seed,
                                 str(ctx.device)).clone()
@@ -302,6 +308,8 @@ def long_battery(spec, ctx: Context, *, kinds, dtype, temperature, min_batch) ->
     the property takes masked keys, three rows one key longer with keys masked, given as a
     transposed view at an offset."""
     length = min(ctx.max_length, LONG_ROW)
+    if getattr(ctx, "max_rows", None) is not None:
+        min_batch = min(min_batch, ctx.max_rows)
     rows = S.build_rows("gaussian", length=length, batch=max(2, min_batch), dtype=dtype,
                         seed=13, device=ctx.device)
     out = [RowCase(rows.scores, temperature, "gaussian", 13, None)]
@@ -336,6 +344,8 @@ def row_battery(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None,
             rank = BATTERY_LAYOUTS[(base + len(out)) % len(BATTERY_LAYOUTS)][1]
             count = 1 if rank == 1 and min_batch <= 1 and kind != "mixed_scale" else \
                 max(BATTERY_ROWS, min_batch)
+            if getattr(ctx, "max_rows", None) is not None:
+                count = min(count, max(ctx.max_rows, 2 if kind == "mixed_scale" else 1))
             rows = S.build_rows(kind, length=length, batch=count, dtype=dtype, seed=7,
                                 device=ctx.device)
             layout = battery_layout(spec, rows.batch, length, base + len(out))
