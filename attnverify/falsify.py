@@ -88,9 +88,15 @@ class SearchReport:
     #: Cases with a side at ±inf, and whether every case with a value had one (a vacuous bound).
     infinite: int = 0
     vacuous: bool = False
-    #: Cases that broke the bound only within the rounding of their quantities, and the first.
+    #: Cases float64 could not decide (the sides within the rounding of their quantities), and
+    #: the first; of those, the ones decided in higher precision and the ones it could not
+    #: decide either (issue #25.7), each with the first.
     within_rounding: int = 0
     rounding_example: Evaluation | None = None
+    precise_decided: int = 0
+    precise_example: Evaluation | None = None
+    precise_undecided: int = 0
+    undecided_example: Evaluation | None = None
     #: Set when attnverify's own work on one case (the quantities) took longer than the
     #: per-example limit of the target's calls: what, in a sentence.
     checker_overrun: str | None = None
@@ -115,6 +121,12 @@ class SearchReport:
             "within_rounding": self.within_rounding,
             "rounding_example": None if self.rounding_example is None
             else self.rounding_example.to_json(),
+            "high_precision": {
+                "decided": self.precise_decided,
+                "undecided": self.precise_undecided,
+                "undecided_reason": None if self.undecided_example is None
+                else self.undecided_example.undecided_reason,
+            },
         }
 
 
@@ -207,7 +219,11 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
     report = SearchReport(search.budget, search.evaluations, dict(search.by_phase),
                           search.records, search.stopped, search_s, infinite=search.infinite,
                           vacuous=search.vacuous(), within_rounding=search.within_rounding,
-                          rounding_example=search.rounding_example)
+                          rounding_example=search.rounding_example,
+                          precise_decided=search.precise_decided,
+                          precise_example=search.precise_example,
+                          precise_undecided=search.precise_undecided,
+                          undecided_example=search.undecided_example)
     report.checker_overrun = _checker_overrun(search, ctx)
     witness = search.witness
     if witness is not None:
@@ -281,11 +297,23 @@ def notes(res: FalsifyResult) -> list[str]:
     elif report.vacuous and not res.falsified:
         out.append(f"vacuous: a side was infinite on every one of the {report.infinite} cases "
                    "with a value (the bound, as written, says nothing there)")
-    if report.within_rounding:
-        ev = report.rounding_example
-        out.append(f"{_count(report.within_rounding, 'case')} broke the bound by no more than "
-                   f"the rounding of the quantities can explain (not violations), e.g. "
-                   f"L={ev.case.scores.numel()}: LHS={ev.lhs:.6g} RHS={ev.rhs:.6g}")
+    held = report.precise_decided - (1 if res.witness is not None
+                                     and res.witness.decided_by == "mpmath" else 0)
+    if report.precise_decided:
+        ev = report.precise_example
+        out.append(f"{_count(report.precise_decided, 'case')} within the rounding of the "
+                   "quantities (float64 cannot decide there) "
+                   f"{'was' if report.precise_decided == 1 else 'were'} decided in higher "
+                   f"precision (mpmath, {ev.precise.bits}-bit intervals, on the same input)"
+                   f"{'' if held <= 0 else f'; {held} held'}, e.g. L={_live(ev)}: "
+                   f"{ev.precise.text()} ({ev.precise.verdict})")
+    if report.precise_undecided:
+        ev = report.undecided_example
+        out.append(f"{_count(report.precise_undecided, 'case')} held or broke the bound by no "
+                   "more than the rounding of the quantities can explain, and higher precision "
+                   f"could not decide {'it' if report.precise_undecided == 1 else 'them'} "
+                   f"({ev.undecided_reason}): read as holding, not as violations, e.g. "
+                   f"L={_live(ev)}: LHS={ev.lhs:.6g} RHS={ev.rhs:.6g}")
     slow = getattr(report, "checker_overrun", None)
     if slow:
         out.append(slow)
@@ -377,6 +405,10 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
         vals = ", ".join(f"{k}={v:.6g}" for k, v in w.values.items())
         lines.append(f"  at the witness: {vals}; LHS={w.lhs:.6g} RHS={w.rhs:.6g} "
                      f"{_ratio_text(w).replace('ratio ', 'ratio=', 1)}")
+        if w.decided_by == "mpmath":
+            lines.append(f"  decided in higher precision (float64 alone cannot tell there): "
+                         f"mpmath, {w.precise.bits}-bit intervals on the same input: "
+                         f"{w.precise.text()}")
     report = res.search
     if report is not None and report.first_witness is not None:
         first = report.first_witness
@@ -407,6 +439,11 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
     lines.extend(summary_lines(res.database))
     lines.append(f"  repro: {repro(res, ctx)}")
     return "\n".join(lines)
+
+
+def _live(ev: Evaluation) -> int:
+    """The unmasked keys of a case (the ``L`` of the quantities)."""
+    return int(torch.isfinite(ev.case.scores).sum())
 
 
 def _count(n: int, noun: str) -> str:
