@@ -562,6 +562,48 @@ class Inequality:
         return Judgement(lhs, rhs, ratio, "holds", m, rounding=True)
 
 
+def enclose(node: Node, ranges: Mapping[str, I.Interval]) -> I.Interval:
+    """Every value ``node`` takes while each quantity ``q`` ranges over ``ranges[q]``
+    (:mod:`attnverify.intervals`; raises :class:`~attnverify.intervals.Singular` where it may
+    have none)."""
+    if isinstance(node, Name):
+        return ranges[node.name]
+    if isinstance(node, (Number, Constant)):
+        return node.interval({}, {})
+    if isinstance(node, Negate):
+        return I.neg(enclose(node.operand, ranges))
+    if isinstance(node, Binary):
+        return _INTERVAL_BINARY[node.op](enclose(node.left, ranges), enclose(node.right, ranges))
+    if isinstance(node, Call):
+        return I.apply(node.function, *(enclose(a, ranges) for a in node.args))
+    raise TypeError(f"unknown node {type(node).__name__}")
+
+
+def over_ranges(ineq: Inequality, ranges: Mapping[str, I.Interval], *, rtol: float = 0.0,
+                atol: float = 0.0) -> tuple[str | None, I.Interval | None, I.Interval | None]:
+    """The inequality over whole ranges of its quantities: ``("holds", lhs, rhs)`` when it holds
+    at every point of them (``hi(lhs) ≤ lo(rhs)``; strict: ``<``), ``("fails", …)`` when it fails
+    at every point beyond the tolerance (``lo(lhs) > hi(rhs) + atol + rtol·max|rhs|``; strict:
+    ``lo(lhs) ≥ hi(rhs)``), else ``(None, …)``; ``(None, None, None)`` where a side may have no
+    value."""
+    try:
+        lhs, rhs = enclose(ineq.lhs, ranges), enclose(ineq.rhs, ranges)
+    except I.Singular:
+        return None, None, None
+    if ineq.strict:
+        if lhs[1] < rhs[0]:
+            return "holds", lhs, rhs
+        if lhs[0] >= rhs[1]:
+            return "fails", lhs, rhs
+        return None, lhs, rhs
+    if lhs[1] <= rhs[0]:
+        return "holds", lhs, rhs
+    reach = max(abs(rhs[0]), abs(rhs[1]))
+    if math.isfinite(rhs[1]) and lhs[0] > rhs[1] + atol + rtol * reach:
+        return "fails", lhs, rhs
+    return None, lhs, rhs
+
+
 def _ratio(lhs: float, rhs: float) -> float:
     return lhs / rhs if rhs > 0 and not math.isnan(lhs) else math.nan
 

@@ -25,15 +25,17 @@ row length (:data:`JACOBIAN_MAX_L`).
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from attnverify import precise
 from attnverify.checks.base import Context
 from attnverify.errors import UsageError
-from attnverify.expr import Inequality, parse_inequality
+from attnverify.expr import Inequality, over_ranges, parse_inequality
 from attnverify.falsify_search import (
     BATTERY_SHARE,
     ENTRYWISE,
@@ -56,10 +58,17 @@ from attnverify.falsify_search import (
     shape_of,
     shrink_witness,
 )
-from attnverify.quantities import QUANTITIES
-from attnverify.registry import NormalizerSpec
+from attnverify.quantities import (
+    LAMBDA_PARAMS,
+    OUTPUT_RANGES,
+    QUANTITIES,
+    RANGE_SPACE,
+    quantity_ranges,
+)
+from attnverify.registry import NormalizerSpec, builtins
 from attnverify.runconfig import falsify_budget
 from attnverify.serialize import number, repro_command
+from attnverify.tolerances import tol_for
 
 __all__ = ["ENTRYWISE", "JACOBIAN_MAX_L", "KINDS", "Evaluation", "FalsifyCase", "FalsifyResult",
            "SearchReport", "evaluate", "falsify", "make_search", "repro", "rerun", "result_json",
@@ -152,6 +161,69 @@ class FalsifyResult:
     #: What the target's worker processes ran under (:mod:`attnverify.sandbox`); ``None``: the
     #: target ran in this process (``--no-isolation``, or a spec given in Python).
     sandbox: str | None = None
+    #: The bound decided over the whole ranges of its quantities before any search (issue
+    #: #28.13): ``None``, or what :func:`decide_by_ranges` found.
+    ranges: RangeDecision | None = None
+
+
+@dataclass(frozen=True)
+class RangeDecision:
+    """A bound that holds (or fails) at every point of its quantities' ranges."""
+
+    verdict: str  # "holds" | "fails"
+    ranges: dict[str, tuple[float, float]]
+    lhs: tuple[float, float]
+    rhs: tuple[float, float]
+    #: Where the ranges of the weights come from: the built-in and its output space.
+    source: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "source": self.source or None,
+                "ranges": {k: [number(a), number(b)] for k, (a, b) in self.ranges.items()},
+                "lhs": [number(v) for v in self.lhs], "rhs": [number(v) for v in self.rhs]}
+
+    def text(self) -> str:
+        """``max_weight in [0, 1] (softmax: simplex): LHS in [0, 1], RHS in [1000, 1000]``."""
+        where = ", ".join(f"{k} {_span(a, b)}" for k, (a, b) in self.ranges.items())
+        return (f"{where}{f' ({self.source})' if self.source else ''}: LHS "
+                f"{_span(*self.lhs)}, RHS {_span(*self.rhs)}")
+
+
+def _span(lo: float, hi: float) -> str:
+    """``= 1`` or ``in [0, 1]``."""
+    return f"= {lo:.6g}" if lo == hi else f"in [{lo:.6g}, {hi:.6g}]"
+
+
+def decide_by_ranges(spec: NormalizerSpec, ineq: Inequality, ctx: Context,
+                     params: dict[str, Any]) -> RangeDecision | None:
+    """The bound over the ranges its quantities take on every input
+    (:func:`attnverify.quantities.quantity_ranges`: the input's own quantities for any target,
+    the weights' only for a built-in, by its output space; ``T`` fixed or any positive number;
+    ``lambda`` the parameter), in interval arithmetic (:func:`attnverify.expr.over_ranges`):
+    a :class:`RangeDecision` where it holds (or fails) at every point, else None."""
+    builtin = precise.builtin_of(spec)
+    space = None
+    if builtin is not None:
+        space = RANGE_SPACE.get(builtin, builtins()[builtin].space)
+    if spec.takes_temperature and ctx.temperature is None:
+        temperature = (5e-324, sys.float_info.max)
+    elif spec.takes_temperature:
+        temperature = (float(ctx.temperature), float(ctx.temperature))
+    else:
+        temperature = (1.0, 1.0)
+    merged = {**dict(spec.params), **dict(params or {})}
+    lam = next((float(merged[k]) for k in LAMBDA_PARAMS if k in merged), 0.0)
+    ranges = quantity_ranges(ineq.names, space=space, temperature=temperature, lam=lam)
+    if ranges is None:
+        return None
+    t = tol_for(torch.float64)
+    verdict, lhs, rhs = over_ranges(ineq, ranges, rtol=t.rtol, atol=t.atol)
+    if verdict is None:
+        return None
+    source = ""
+    if builtin is not None and ineq.names & set(OUTPUT_RANGES.get(space, {})):
+        source = f"{builtin}'s output space: {space}"
+    return RangeDecision(verdict, dict(ranges), lhs, rhs, source)
 
 
 def search_budget(ctx: Context, ineq: Inequality) -> Budget:
@@ -190,6 +262,7 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
         ctx = fix_temperature(ctx, params)
     start = time.perf_counter()
     search = make_search(spec, ineq, ctx, params)
+    ranged = decide_by_ranges(spec, ineq, ctx, params)
     key = "|".join([label or str(spec.id), ineq.normalized,
                     ",".join(f"{k}={v}" for k, v in sorted(params.items()))])
     database = None
@@ -199,6 +272,8 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
         search.stop = shared.stop
         database = shared.database
         phases = (("replay", None, lambda s: campaign.replay(shared, s)), *PHASES)
+    if ranged is not None and ranged.verdict == "holds":
+        phases, search.stopped = (), "ranges"  # nothing to search: every input holds
     for name, share, run in phases:
         if search.left() <= 0 or search.stopped in ("time", "stopped"):
             break
@@ -245,7 +320,7 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
         examples=search.evaluations, elapsed_s=time.perf_counter() - start, worst=worst,
         witness=witness, params=dict(params), undefined=search.undefined,
         undefined_example=search.undefined_example, search=report,
-        database=None if shared is None else shared.to_json(),
+        database=None if shared is None else shared.to_json(), ranges=ranged,
     )
 
 
@@ -289,7 +364,11 @@ def notes(res: FalsifyResult) -> list[str]:
     report = res.search
     if report is None:
         return out
-    if report.evaluations == 0:
+    if res.ranges is not None:
+        word = {"holds": "holds for every input", "fails": "fails for every input"}
+        out.append(f"{word[res.ranges.verdict]}, decided by the quantities' ranges before any "
+                   f"search: {res.ranges.text()}")
+    if report.evaluations == 0 and res.ranges is None:
         why = {"time": "the time cap (--budget) stopped the search before its first case",
                "stopped": "another worker's witness stopped it first"}.get(
             report.stopped, "the budget allowed none")
@@ -349,6 +428,7 @@ def result_json(res: FalsifyResult, ctx: Context) -> dict[str, Any]:
         "repro": repro(res, ctx),
         "rerun": rerun(res, ctx),
         "search": res.search.to_json() if res.search else None,
+        "decided_by_ranges": None if res.ranges is None else res.ranges.to_json(),
         "notes": notes(res),
         "database": res.database,
         "workers": None,
@@ -387,7 +467,9 @@ def rerun(res: FalsifyResult, ctx: Context) -> str:
 def summary(res: FalsifyResult, ctx: Context) -> str:
     lines = []
     head = "FALSIFIED" if res.falsified else "not falsified"
-    if not res.falsified and res.examples == 0:
+    if not res.falsified and res.ranges is not None and res.ranges.verdict == "holds":
+        head = "holds for every input (decided by the quantities' ranges)"
+    elif not res.falsified and res.examples == 0:
         head = "not checked"  # notes() says why
     lines.append(f"{head}: {res.inequality.normalized}  [{res.target}]  "
                  f"({_count(res.examples, 'evaluation')}, {res.elapsed_s:.1f}s, "
@@ -452,12 +534,13 @@ def _count(n: int, noun: str) -> str:
 
 _STOPPED = {"witness": "stopped at the first witness", "budget": "evaluations spent",
             "time": "stopped by the time cap (--budget)",
-            "stopped": "stopped: another worker found a witness"}
+            "stopped": "stopped: another worker found a witness",
+            "ranges": "not searched: the quantities' ranges decide the bound"}
 
 
 def _search_lines(report: SearchReport) -> list[str]:
     """The console's account of the search: phases, then one line per stratum explored."""
-    phases = ", ".join(f"{name} {n}" for name, n in report.by_phase.items())
+    phases = ", ".join(f"{name} {n}" for name, n in report.by_phase.items()) or "none"
     b = report.budget
     out = [f"  search: {report.evaluations} of {b.evaluations} evaluations ({phases}), "
            f"{report.search_s:.1f}s of {b.seconds:g}s, rows up to {b.max_length} keys; "

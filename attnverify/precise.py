@@ -557,7 +557,7 @@ def decide(ineq: E.Inequality, spec: Any, row: torch.Tensor, temperature: float 
             return _decide(ineq, spec, row, temperature, params, rtol, atol, bits)
         except _Overlap as exc:
             reason = str(exc)
-        except Undecided as exc:
+        except Undecided:
             if not reason:
                 raise
             raise Undecided(reason) from None

@@ -119,7 +119,6 @@ def test_alpha_entmax_without_closed_form_is_undecided():
 def test_the_formulas_agree_with_the_float64_references(name):
     g = torch.Generator().manual_seed(3)
     ref = reference.REFERENCES[name]
-    old = mpmath.iv.prec
     mpmath.iv.prec = mpmath.mp.prec = 256
     try:
         for length, scale, t in ((1, 1.0, 1.0), (2, 3.0, 0.5), (5, 1.0, 1.0), (7, 20.0, 2.0),
