@@ -153,6 +153,8 @@ class TargetResult:
     sandbox: list[str] = field(default_factory=list)
     #: What the worker reported of its runtime (``softmax_kernel``); not written per target.
     runtime: dict[str, Any] = field(default_factory=dict)
+    #: Warnings the target's own calls raised in its worker, once each (issue #28.1).
+    target_warnings: list[str] = field(default_factory=list)
     #: An attention target's record (:func:`attnverify.attention.run.kernel_record`): the
     #: normalizer and score modification it declares, the reference and who named it.
     attention: dict[str, Any] | None = None
@@ -189,6 +191,7 @@ class TargetResult:
             **({"attention": dict(self.attention)} if self.attention is not None else {}),
             "worker_pids": list(self.worker_pids),
             "sandbox": " | ".join(self.sandbox) if self.sandbox else None,
+            "target_warnings": list(self.target_warnings),
             "verdict": self.verdict,
             "certified_for": certified_for(declared) if coverage else None,
             "coverage": coverage,
@@ -284,6 +287,7 @@ def certify_target(
     if monitor is not None:
         result.worker_pids = list(dict.fromkeys(monitor.pids))
         result.sandbox = list(dict.fromkeys(monitor.sandboxes))
+        result.target_warnings = list(getattr(monitor, "warnings", []))
         if shard is not None:
             result.side_effects = side_effects(monitor, spec.params)
     result.runtime = dict(getattr(spec.fn, "runtime", None) or {})

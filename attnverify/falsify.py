@@ -164,6 +164,8 @@ class FalsifyResult:
     #: The bound decided over the whole ranges of its quantities before any search (issue
     #: #28.13): ``None``, or what :func:`decide_by_ranges` found.
     ranges: RangeDecision | None = None
+    #: Warnings the target's own calls raised in its worker (issue #28.1), once each.
+    target_warnings: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -436,6 +438,7 @@ def result_json(res: FalsifyResult, ctx: Context) -> dict[str, Any]:
         # "in-process" (--no-isolation)
         "isolation_mode": "process" if res.sandbox is not None else "in-process",
         "sandbox": res.sandbox,
+        "target_warnings": list(res.target_warnings),
     }
 
 
@@ -514,6 +517,7 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
                      f"or only the rounding of the quantities gives it one: not a violation), "
                      f"e.g. at {vals}")
     lines.extend(f"  note: {n}" for n in notes(res))
+    lines.extend(warning_lines(res.target_warnings))
     if report is not None:
         lines.extend(_search_lines(report))
     from attnverify.campaign import summary_lines
@@ -521,6 +525,15 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
     lines.extend(summary_lines(res.database))
     lines.append(f"  repro: {repro(res, ctx)}")
     return "\n".join(lines)
+
+
+def warning_lines(warned: list[str], shown: int = 3) -> list[str]:
+    """``the target warned: …`` for the first warnings the target's calls raised (issue #28.1:
+    reported as the target's, never printed as attnverify's)."""
+    out = [f"  the target warned: {w}" for w in warned[:shown]]
+    if len(warned) > shown:
+        out.append(f"  the target warned {len(warned) - shown} more time(s) (all in the JSON)")
+    return out
 
 
 def _live(ev: Evaluation) -> int:

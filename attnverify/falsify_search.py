@@ -841,7 +841,9 @@ class _Polish:
         self.n = len(self.base)
 
     def start(self) -> tuple[list[float], list[tuple[float, float]]]:
-        x = [float(v) for v in self.base] + [self.log_ratio0]
+        # a level computed as a mean of tied keys may round a unit past ±1: the start lies in
+        # the box (scipy warns about a start outside its bounds, and would clip it anyway)
+        x = [_clip(float(v), (-1.0, 1.0)) for v in self.base] + [self.log_ratio0]
         bounds = [(-1.0, 1.0)] * self.n + [LOG_RATIO_RANGE]
         if self.free_t:
             x.append(_clip(math.log10(self.t0), LOG_T_RANGE))
@@ -885,7 +887,7 @@ def splits(case: FalsifyCase) -> list[tuple[str, torch.Tensor, list[float]]]:
     live = case.scores[torch.isfinite(case.scores)]
     n = live.numel()
     top = float(live.abs().max()) if n else 0.0
-    level = float(live.mean()) / top if top > 0 else 0.0
+    level = _clip(float(live.mean()) / top, (-1.0, 1.0)) if top > 0 else 0.0
     order = torch.argsort(live, descending=True, stable=True)
     out = []
     for k in dict.fromkeys((1, n // 2, n - 1, 2)):

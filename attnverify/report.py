@@ -135,6 +135,10 @@ def terminal_table(data: dict[str, Any]) -> str:
             elif r["status"] == "not_checked":
                 lines.append(f"  note: {r['property']} {r['message']}")
         lines.extend(f"  {line}" for line in coverage_lines(target))
+        warned = target.get("target_warnings") or []
+        lines.extend(f"  the target warned: {w}" for w in warned[:3])
+        if len(warned) > 3:
+            lines.append(f"  the target warned {len(warned) - 3} more time(s) (all in the JSON)")
         verdict = target["verdict"].upper().replace("_", " ")
         shard = data.get("shard")
         if shard and target["verdict"] != "failed":  # a partial certificate (certify --shard)
