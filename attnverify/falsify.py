@@ -474,7 +474,7 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
         head = "holds for every input (decided by the quantities' ranges)"
     elif not res.falsified and res.examples == 0:
         head = "not checked"  # notes() says why
-    lines.append(f"{head}: {res.inequality.normalized}  [{res.target}]  "
+    lines.append(f"{head}: {res.inequality.text.strip()}  [{res.target}]  "
                  f"({_count(res.examples, 'evaluation')}, {res.elapsed_s:.1f}s, "
                  f"profile {ctx.profile}, "
                  f"seed {ctx.seed})")

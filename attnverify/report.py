@@ -238,6 +238,18 @@ def counterexample_text(ce: dict[str, Any]) -> str:
     return f"scores={shown} ({', '.join(parts)})"
 
 
+def _word(value: Any) -> str:
+    """A value as the console shows it: a number in ``%g``, text as it is, anything else as
+    JSON (never a Python repr)."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (int, str)):
+        return str(value)
+    return json.dumps(value, default=str)
+
+
 def _plain(layout: dict[str, Any]) -> bool:
     """The contiguous ``[R, L]`` block with ``dim=-1`` (nothing to say about the layout)."""
     return (len(layout.get("sizes") or []) == 2 and layout.get("dim") == -1
@@ -254,7 +266,7 @@ def _violation_lines(r: dict[str, Any]) -> list[str]:
         if "scores" not in ce and ce.get("temperature") is not None:
             extras["temperature"] = ce["temperature"]
         if extras:
-            out.append(f"    case: {extras}")
+            out.append(f"    case: {', '.join(f'{k} {_word(v)}' for k, v in extras.items())}")
         if ce.get("reproduces") is False:
             out.append("    note: re-checking this case alone did not fail again (flaky)")
         if "repro" in ce:
