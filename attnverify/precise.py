@@ -41,6 +41,8 @@ from mpmath import iv
 
 from attnverify import expr as E
 from attnverify.quantities import LAMBDA_PARAMS
+from attnverify.registry import builtins
+from attnverify.remote import RemoteFunction
 
 #: Working precisions of the interval evaluation, in bits (float64 carries 53), tried in turn
 #: while the sides' intervals overlap: a weight ``1 − e^{−2a/T}`` at the search's largest
@@ -103,9 +105,6 @@ def builtin_of(spec: Any) -> str | None:
     """The built-in id ``spec`` runs, or None (a user's target). A spec opened behind the
     process boundary is the built-in when the checker's own target string names it (built-ins
     take precedence in the loader); a spec in this process when its function is the built-in's."""
-    from attnverify.registry import builtins
-    from attnverify.remote import RemoteFunction
-
     table = builtins()
     name = getattr(spec, "target", "") or getattr(spec, "id", "")
     builtin = table.get(name)
@@ -121,8 +120,6 @@ def _parameters(spec: Any, builtin: str | None, params: Mapping[str, Any],
                 temperature: float | None) -> dict[str, Any]:
     """The parameters of the case: the built-in's defaults (the spec's own only where it runs in
     this process), the search's ``params``, the case's temperature."""
-    from attnverify.registry import builtins
-
     if builtin is not None:
         table = builtins()[builtin]
         own = dict(table.params)
