@@ -159,6 +159,8 @@ class TargetResult:
     #: ``{"batch_heads": 4, "queries": 17}`` too), the time limit's factor and why; ``None``:
     #: no cap.
     call_cap: dict[str, Any] | None = None
+    #: Warnings the target's own calls raised in its worker, once each (issue #28.1).
+    target_warnings: list[str] = field(default_factory=list)
     #: An attention target's record (:func:`attnverify.attention.run.kernel_record`): the
     #: normalizer and score modification it declares, the reference and who named it.
     attention: dict[str, Any] | None = None
@@ -198,6 +200,7 @@ class TargetResult:
             **({"execution": self.execution} if self.execution else {}),
             "worker_pids": list(self.worker_pids),
             "sandbox": " | ".join(self.sandbox) if self.sandbox else None,
+            "target_warnings": list(self.target_warnings),
             "verdict": self.verdict,
             "certified_for": certified_for(declared) if coverage else None,
             "coverage": coverage,
@@ -297,6 +300,7 @@ def certify_target(
     if monitor is not None:
         result.worker_pids = list(dict.fromkeys(monitor.pids))
         result.sandbox = list(dict.fromkeys(monitor.sandboxes))
+        result.target_warnings = list(getattr(monitor, "warnings", []))
         if shard is not None:
             result.side_effects = side_effects(monitor, spec.params)
     result.runtime = dict(getattr(spec.fn, "runtime", None) or {})

@@ -87,10 +87,10 @@ def _falsify_row(row: ClaimRow, inequality: str, target: str, ctx: Context) -> C
     w = res.witness
     row.verdict = "falsified"
     row.counterexample = {"scores": w.case.scores.tolist(), "temperature": w.case.temperature,
-                          "kind": w.case.kind, "lhs": w.lhs, "rhs": w.rhs, "ratio": w.ratio,
-                          "repro": repro(res, ctx)}
-    row.note = (f"witness L={w.case.scores.numel()}: LHS {w.lhs:.4g} > RHS {w.rhs:.4g} "
-                f"(ratio {w.ratio:.4g})")
+                          "kind": w.case.kind, "inequality": inequality,
+                          "quantities": dict(w.values), "lhs": w.lhs, "rhs": w.rhs,
+                          "ratio": w.ratio, "repro": repro(res, ctx)}
+    row.note = f"witness {_witness(row)}"
     return row
 
 
@@ -242,18 +242,49 @@ def audit(ctx: Context, progress=None) -> list[ClaimRow]:
     return out
 
 
+#: A counterexample's scalars, by key, with the name the console gives them.
+_SCALARS = {"temperature": "T", "n_top": "N", "radius": "M", "delta": "δ", "eps": "ε", "a": "a"}
+#: Keys of a counterexample that are not part of its input.
+_NOT_INPUT = {"shape", "layout", "params", "repro", "quantities", "observed", "bound", "ratio",
+              "lhs", "rhs", "inequality", "kind", "seed", "case", "dtype"}
+
+
+def _vector(value: Any, shown: int = 8) -> str:
+    """A (nested) list of numbers, 4 significant digits, the first ``shown`` entries per level."""
+    if isinstance(value, list):
+        inner = ", ".join(_vector(v, shown) for v in value[:shown])
+        return f"[{inner}{', …' if len(value) > shown else ''}]"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
 def _witness(row: ClaimRow) -> str:
+    """The counterexample in words: every vector under its name (``scores=[…]``, ``x=[…]``),
+    the parameters (``T=1``, ``N=1``) and what broke (``LHS 0.5 > RHS 0.25`` of the inequality
+    as written, or ``observed … > bound …``)."""
     ce = row.counterexample or {}
     if not ce:
         return ""
+    parts = []
     scores = ce.get("scores")
     if isinstance(scores, list):
-        flat = scores[0] if scores and isinstance(scores[0], list) else scores
-        shown = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in flat[:8])
-        more = ", …" if len(flat) > 8 else ""
-        t = ce.get("temperature")
-        return f"L={len(flat)}{'' if t is None else f', T={t:g}'}: [{shown}{more}]"
-    return f"shape {ce.get('shape')}"
+        flat = scores[0] if len(scores) == 1 and isinstance(scores[0], list) else scores
+        parts.append(f"L={len(flat)}")
+    for key, label in _SCALARS.items():
+        if isinstance(ce.get(key), (int, float)) and not isinstance(ce.get(key), bool):
+            parts.append(f"{label}={ce[key]:g}")
+    for key, value in ce.items():
+        if isinstance(value, list) and key not in _NOT_INPUT:
+            if key == "scores" and len(value) == 1 and isinstance(value[0], list):
+                value = value[0]
+            parts.append(f"{key}={_vector(value)}")
+    text = ", ".join(parts)
+    if "lhs" in ce and "rhs" in ce:
+        text += f": LHS {ce['lhs']:.4g} > RHS {ce['rhs']:.4g} in {ce.get('inequality', '')}"
+    elif isinstance(ce.get("observed"), (int, float)) and isinstance(ce.get("bound"), (int, float)):
+        text += f": observed {ce['observed']:.4g} > bound {ce['bound']:.4g}"
+    return text
 
 
 def table_markdown(rows: list[ClaimRow]) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, NamedTuple
 
@@ -161,6 +161,8 @@ class Number(Node):
     value: float
     #: Whether the double ``value`` is the number as written (``0.5``: yes; ``0.1``: its nearest).
     exact: bool = True
+    #: The number as written (``attnverify.precise`` reads it at its own precision).
+    text: str = field(default="", compare=False)
 
     def evaluate(self, values):
         return torch.tensor(self.value, dtype=torch.float64)
@@ -355,7 +357,7 @@ class _Parser:
         if token.kind == "number":
             text = self.take().text
             value = float(text)
-            return Number(value, exact=_exactly(text, value))
+            return Number(value, exact=_exactly(text, value), text=text)
         if token.kind == "name":
             return self.name_or_call()
         if token.kind == "op" and token.text == "(":
@@ -436,8 +438,10 @@ class Judgement(NamedTuple):
     #: The signed violation margin (:func:`margin`): ``> 0`` (strict: ``≥ 0``) where the values
     #: break the bound beyond the tolerance, bounded in ``[−1, 1]``; NaN where a side has no value.
     margin: float = math.nan
-    #: The values break the bound, but by no more than the rounding of the quantities (and of the
-    #: expression's own arithmetic) can explain: not a violation (``verdict == "holds"``).
+    #: Float64 cannot decide: the values hold or break the bound by no more than the rounding of
+    #: the quantities (and of the expression's own arithmetic) can explain; read as holding (not
+    #: a violation, ``verdict == "holds"``) unless higher precision decides it
+    #: (:mod:`attnverify.precise`).
     rounding: bool = False
 
 
@@ -540,18 +544,64 @@ class Inequality:
             return Judgement(lhs, rhs, ratio, "fails", m)
         if math.isnan(lhs) or math.isnan(rhs):
             return Judgement(lhs, rhs, ratio, "undefined", m)
-        if not (m >= 0 if self.strict else m > 0):
-            return Judgement(lhs, rhs, ratio, "holds", m)
+        breaks = m >= 0 if self.strict else m > 0
         plain = {n: float(values[n]) for n in self.names}
         try:
             left = self.lhs.interval(plain, errors or {})
             right = self.rhs.interval(plain, errors or {})
         except I.Singular:
+            if not breaks:  # holds at the point; within the rounding it may have no value
+                return Judgement(lhs, rhs, ratio, "holds", m, rounding=True)
             return Judgement(lhs, rhs, ratio, "undefined", m)
+        if not breaks:
+            within = left[1] < right[0] if self.strict else left[1] <= right[0] + slack
+            return Judgement(lhs, rhs, ratio, "holds", m, rounding=not within)
         beyond = left[0] >= right[1] if self.strict else left[0] > right[1] + slack
         if beyond:
             return Judgement(lhs, rhs, ratio, "fails", m)
         return Judgement(lhs, rhs, ratio, "holds", m, rounding=True)
+
+
+def enclose(node: Node, ranges: Mapping[str, I.Interval]) -> I.Interval:
+    """Every value ``node`` takes while each quantity ``q`` ranges over ``ranges[q]``
+    (:mod:`attnverify.intervals`; raises :class:`~attnverify.intervals.Singular` where it may
+    have none)."""
+    if isinstance(node, Name):
+        return ranges[node.name]
+    if isinstance(node, (Number, Constant)):
+        return node.interval({}, {})
+    if isinstance(node, Negate):
+        return I.neg(enclose(node.operand, ranges))
+    if isinstance(node, Binary):
+        return _INTERVAL_BINARY[node.op](enclose(node.left, ranges), enclose(node.right, ranges))
+    if isinstance(node, Call):
+        return I.apply(node.function, *(enclose(a, ranges) for a in node.args))
+    raise TypeError(f"unknown node {type(node).__name__}")
+
+
+def over_ranges(ineq: Inequality, ranges: Mapping[str, I.Interval], *, rtol: float = 0.0,
+                atol: float = 0.0) -> tuple[str | None, I.Interval | None, I.Interval | None]:
+    """The inequality over whole ranges of its quantities: ``("holds", lhs, rhs)`` when it holds
+    at every point of them (``hi(lhs) ≤ lo(rhs)``; strict: ``<``), ``("fails", …)`` when it fails
+    at every point beyond the tolerance (``lo(lhs) > hi(rhs) + atol + rtol·max|rhs|``; strict:
+    ``lo(lhs) ≥ hi(rhs)``), else ``(None, …)``; ``(None, None, None)`` where a side may have no
+    value."""
+    try:
+        lhs, rhs = enclose(ineq.lhs, ranges), enclose(ineq.rhs, ranges)
+    except I.Singular:
+        return None, None, None
+    if ineq.strict:
+        if lhs[1] < rhs[0]:
+            return "holds", lhs, rhs
+        if lhs[0] >= rhs[1]:
+            return "fails", lhs, rhs
+        return None, lhs, rhs
+    if lhs[1] <= rhs[0]:
+        return "holds", lhs, rhs
+    reach = max(abs(rhs[0]), abs(rhs[1]))
+    if math.isfinite(rhs[1]) and lhs[0] > rhs[1] + atol + rtol * reach:
+        return "fails", lhs, rhs
+    return None, lhs, rhs
 
 
 def _ratio(lhs: float, rhs: float) -> float:

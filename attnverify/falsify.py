@@ -25,15 +25,17 @@ row length (:data:`JACOBIAN_MAX_L`).
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from attnverify import precise
 from attnverify.checks.base import Context
 from attnverify.errors import UsageError
-from attnverify.expr import Inequality, parse_inequality
+from attnverify.expr import Inequality, over_ranges, parse_inequality
 from attnverify.falsify_search import (
     BATTERY_SHARE,
     ENTRYWISE,
@@ -56,10 +58,17 @@ from attnverify.falsify_search import (
     shape_of,
     shrink_witness,
 )
-from attnverify.quantities import QUANTITIES
-from attnverify.registry import NormalizerSpec
+from attnverify.quantities import (
+    LAMBDA_PARAMS,
+    OUTPUT_RANGES,
+    QUANTITIES,
+    RANGE_SPACE,
+    quantity_ranges,
+)
+from attnverify.registry import NormalizerSpec, builtins
 from attnverify.runconfig import falsify_budget
 from attnverify.serialize import number, repro_command
+from attnverify.tolerances import tol_for
 
 __all__ = ["ENTRYWISE", "JACOBIAN_MAX_L", "KINDS", "Evaluation", "FalsifyCase", "FalsifyResult",
            "SearchReport", "evaluate", "falsify", "make_search", "repro", "rerun", "result_json",
@@ -88,9 +97,15 @@ class SearchReport:
     #: Cases with a side at ±inf, and whether every case with a value had one (a vacuous bound).
     infinite: int = 0
     vacuous: bool = False
-    #: Cases that broke the bound only within the rounding of their quantities, and the first.
+    #: Cases float64 could not decide (the sides within the rounding of their quantities), and
+    #: the first; of those, the ones decided in higher precision and the ones it could not
+    #: decide either (issue #25.7), each with the first.
     within_rounding: int = 0
     rounding_example: Evaluation | None = None
+    precise_decided: int = 0
+    precise_example: Evaluation | None = None
+    precise_undecided: int = 0
+    undecided_example: Evaluation | None = None
     #: Set when attnverify's own work on one case (the quantities) took longer than the
     #: per-example limit of the target's calls: what, in a sentence.
     checker_overrun: str | None = None
@@ -115,6 +130,12 @@ class SearchReport:
             "within_rounding": self.within_rounding,
             "rounding_example": None if self.rounding_example is None
             else self.rounding_example.to_json(),
+            "high_precision": {
+                "decided": self.precise_decided,
+                "undecided": self.precise_undecided,
+                "undecided_reason": None if self.undecided_example is None
+                else self.undecided_example.undecided_reason,
+            },
         }
 
 
@@ -140,6 +161,71 @@ class FalsifyResult:
     #: What the target's worker processes ran under (:mod:`attnverify.sandbox`); ``None``: the
     #: target ran in this process (``--no-isolation``, or a spec given in Python).
     sandbox: str | None = None
+    #: The bound decided over the whole ranges of its quantities before any search (issue
+    #: #28.13): ``None``, or what :func:`decide_by_ranges` found.
+    ranges: RangeDecision | None = None
+    #: Warnings the target's own calls raised in its worker (issue #28.1), once each.
+    target_warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RangeDecision:
+    """A bound that holds (or fails) at every point of its quantities' ranges."""
+
+    verdict: str  # "holds" | "fails"
+    ranges: dict[str, tuple[float, float]]
+    lhs: tuple[float, float]
+    rhs: tuple[float, float]
+    #: Where the ranges of the weights come from: the built-in and its output space.
+    source: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "source": self.source or None,
+                "ranges": {k: [number(a), number(b)] for k, (a, b) in self.ranges.items()},
+                "lhs": [number(v) for v in self.lhs], "rhs": [number(v) for v in self.rhs]}
+
+    def text(self) -> str:
+        """``max_weight in [0, 1] (softmax: simplex): LHS in [0, 1], RHS in [1000, 1000]``."""
+        where = ", ".join(f"{k} {_span(a, b)}" for k, (a, b) in self.ranges.items())
+        return (f"{where}{f' ({self.source})' if self.source else ''}: LHS "
+                f"{_span(*self.lhs)}, RHS {_span(*self.rhs)}")
+
+
+def _span(lo: float, hi: float) -> str:
+    """``= 1`` or ``in [0, 1]``."""
+    return f"= {lo:.6g}" if lo == hi else f"in [{lo:.6g}, {hi:.6g}]"
+
+
+def decide_by_ranges(spec: NormalizerSpec, ineq: Inequality, ctx: Context,
+                     params: dict[str, Any]) -> RangeDecision | None:
+    """The bound over the ranges its quantities take on every input
+    (:func:`attnverify.quantities.quantity_ranges`: the input's own quantities for any target,
+    the weights' only for a built-in, by its output space; ``T`` fixed or any positive number;
+    ``lambda`` the parameter), in interval arithmetic (:func:`attnverify.expr.over_ranges`):
+    a :class:`RangeDecision` where it holds (or fails) at every point, else None."""
+    builtin = precise.builtin_of(spec)
+    space = None
+    if builtin is not None:
+        space = RANGE_SPACE.get(builtin, builtins()[builtin].space)
+    if spec.takes_temperature and ctx.temperature is None:
+        temperature = (5e-324, sys.float_info.max)
+    elif spec.takes_temperature:
+        temperature = (float(ctx.temperature), float(ctx.temperature))
+    else:
+        temperature = (1.0, 1.0)
+    merged = {**dict(spec.params), **dict(params or {})}
+    lam = next((float(merged[k]) for k in LAMBDA_PARAMS if k in merged), 0.0)
+    ranges = quantity_ranges(ineq.names, space=space, temperature=temperature, lam=lam)
+    if ranges is None:
+        return None
+    t = tol_for(torch.float64)
+    verdict, lhs, rhs = over_ranges(ineq, ranges, rtol=t.rtol, atol=t.atol)
+    if verdict is None:
+        return None
+    source = ""
+    if builtin is not None and ineq.names & set(OUTPUT_RANGES.get(space, {})):
+        source = f"{builtin}'s output space: {space}"
+    return RangeDecision(verdict, dict(ranges), lhs, rhs, source)
 
 
 def search_budget(ctx: Context, ineq: Inequality) -> Budget:
@@ -178,6 +264,7 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
         ctx = fix_temperature(ctx, params)
     start = time.perf_counter()
     search = make_search(spec, ineq, ctx, params)
+    ranged = decide_by_ranges(spec, ineq, ctx, params)
     key = "|".join([label or str(spec.id), ineq.normalized,
                     ",".join(f"{k}={v}" for k, v in sorted(params.items()))])
     database = None
@@ -187,6 +274,8 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
         search.stop = shared.stop
         database = shared.database
         phases = (("replay", None, lambda s: campaign.replay(shared, s)), *PHASES)
+    if ranged is not None and ranged.verdict == "holds":
+        phases, search.stopped = (), "ranges"  # nothing to search: every input holds
     for name, share, run in phases:
         if search.left() <= 0 or search.stopped in ("time", "stopped"):
             break
@@ -207,7 +296,11 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
     report = SearchReport(search.budget, search.evaluations, dict(search.by_phase),
                           search.records, search.stopped, search_s, infinite=search.infinite,
                           vacuous=search.vacuous(), within_rounding=search.within_rounding,
-                          rounding_example=search.rounding_example)
+                          rounding_example=search.rounding_example,
+                          precise_decided=search.precise_decided,
+                          precise_example=search.precise_example,
+                          precise_undecided=search.precise_undecided,
+                          undecided_example=search.undecided_example)
     report.checker_overrun = _checker_overrun(search, ctx)
     witness = search.witness
     if witness is not None:
@@ -229,7 +322,7 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
         examples=search.evaluations, elapsed_s=time.perf_counter() - start, worst=worst,
         witness=witness, params=dict(params), undefined=search.undefined,
         undefined_example=search.undefined_example, search=report,
-        database=None if shared is None else shared.to_json(),
+        database=None if shared is None else shared.to_json(), ranges=ranged,
     )
 
 
@@ -273,7 +366,11 @@ def notes(res: FalsifyResult) -> list[str]:
     report = res.search
     if report is None:
         return out
-    if report.evaluations == 0:
+    if res.ranges is not None:
+        word = {"holds": "holds for every input", "fails": "fails for every input"}
+        out.append(f"{word[res.ranges.verdict]}, decided by the quantities' ranges before any "
+                   f"search: {res.ranges.text()}")
+    if report.evaluations == 0 and res.ranges is None:
         why = {"time": "the time cap (--budget) stopped the search before its first case",
                "stopped": "another worker's witness stopped it first"}.get(
             report.stopped, "the budget allowed none")
@@ -281,11 +378,23 @@ def notes(res: FalsifyResult) -> list[str]:
     elif report.vacuous and not res.falsified:
         out.append(f"vacuous: a side was infinite on every one of the {report.infinite} cases "
                    "with a value (the bound, as written, says nothing there)")
-    if report.within_rounding:
-        ev = report.rounding_example
-        out.append(f"{_count(report.within_rounding, 'case')} broke the bound by no more than "
-                   f"the rounding of the quantities can explain (not violations), e.g. "
-                   f"L={ev.case.scores.numel()}: LHS={ev.lhs:.6g} RHS={ev.rhs:.6g}")
+    held = report.precise_decided - (1 if res.witness is not None
+                                     and res.witness.decided_by == "mpmath" else 0)
+    if report.precise_decided:
+        ev = report.precise_example
+        out.append(f"{_count(report.precise_decided, 'case')} within the rounding of the "
+                   "quantities (float64 cannot decide there) "
+                   f"{'was' if report.precise_decided == 1 else 'were'} decided in higher "
+                   f"precision (mpmath, {ev.precise.bits}-bit intervals, on the same input)"
+                   f"{'' if held <= 0 else f'; {held} held'}, e.g. L={_live(ev)}: "
+                   f"{ev.precise.text()} ({ev.precise.verdict})")
+    if report.precise_undecided:
+        ev = report.undecided_example
+        out.append(f"{_count(report.precise_undecided, 'case')} held or broke the bound by no "
+                   "more than the rounding of the quantities can explain, and higher precision "
+                   f"could not decide {'it' if report.precise_undecided == 1 else 'them'} "
+                   f"({ev.undecided_reason}): read as holding, not as violations, e.g. "
+                   f"L={_live(ev)}: LHS={ev.lhs:.6g} RHS={ev.rhs:.6g}")
     slow = getattr(report, "checker_overrun", None)
     if slow:
         out.append(slow)
@@ -321,6 +430,7 @@ def result_json(res: FalsifyResult, ctx: Context) -> dict[str, Any]:
         "repro": repro(res, ctx),
         "rerun": rerun(res, ctx),
         "search": res.search.to_json() if res.search else None,
+        "decided_by_ranges": None if res.ranges is None else res.ranges.to_json(),
         "notes": notes(res),
         "database": res.database,
         "workers": None,
@@ -328,6 +438,7 @@ def result_json(res: FalsifyResult, ctx: Context) -> dict[str, Any]:
         # "in-process" (--no-isolation)
         "isolation_mode": "process" if res.sandbox is not None else "in-process",
         "sandbox": res.sandbox,
+        "target_warnings": list(res.target_warnings),
     }
 
 
@@ -359,9 +470,11 @@ def rerun(res: FalsifyResult, ctx: Context) -> str:
 def summary(res: FalsifyResult, ctx: Context) -> str:
     lines = []
     head = "FALSIFIED" if res.falsified else "not falsified"
-    if not res.falsified and res.examples == 0:
+    if not res.falsified and res.ranges is not None and res.ranges.verdict == "holds":
+        head = "holds for every input (decided by the quantities' ranges)"
+    elif not res.falsified and res.examples == 0:
         head = "not checked"  # notes() says why
-    lines.append(f"{head}: {res.inequality.normalized}  [{res.target}]  "
+    lines.append(f"{head}: {res.inequality.text.strip()}  [{res.target}]  "
                  f"({_count(res.examples, 'evaluation')}, {res.elapsed_s:.1f}s, "
                  f"profile {ctx.profile}, "
                  f"seed {ctx.seed})")
@@ -377,6 +490,10 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
         vals = ", ".join(f"{k}={v:.6g}" for k, v in w.values.items())
         lines.append(f"  at the witness: {vals}; LHS={w.lhs:.6g} RHS={w.rhs:.6g} "
                      f"{_ratio_text(w).replace('ratio ', 'ratio=', 1)}")
+        if w.decided_by == "mpmath":
+            lines.append(f"  decided in higher precision (float64 alone cannot tell there): "
+                         f"mpmath, {w.precise.bits}-bit intervals on the same input: "
+                         f"{w.precise.text()}")
     report = res.search
     if report is not None and report.first_witness is not None:
         first = report.first_witness
@@ -400,6 +517,7 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
                      f"or only the rounding of the quantities gives it one: not a violation), "
                      f"e.g. at {vals}")
     lines.extend(f"  note: {n}" for n in notes(res))
+    lines.extend(warning_lines(res.target_warnings))
     if report is not None:
         lines.extend(_search_lines(report))
     from attnverify.campaign import summary_lines
@@ -409,18 +527,33 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
     return "\n".join(lines)
 
 
+def warning_lines(warned: list[str], shown: int = 3) -> list[str]:
+    """``the target warned: …`` for the first warnings the target's calls raised (issue #28.1:
+    reported as the target's, never printed as attnverify's)."""
+    out = [f"  the target warned: {w}" for w in warned[:shown]]
+    if len(warned) > shown:
+        out.append(f"  the target warned {len(warned) - shown} more time(s) (all in the JSON)")
+    return out
+
+
+def _live(ev: Evaluation) -> int:
+    """The unmasked keys of a case (the ``L`` of the quantities)."""
+    return int(torch.isfinite(ev.case.scores).sum())
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 _STOPPED = {"witness": "stopped at the first witness", "budget": "evaluations spent",
             "time": "stopped by the time cap (--budget)",
-            "stopped": "stopped: another worker found a witness"}
+            "stopped": "stopped: another worker found a witness",
+            "ranges": "not searched: the quantities' ranges decide the bound"}
 
 
 def _search_lines(report: SearchReport) -> list[str]:
     """The console's account of the search: phases, then one line per stratum explored."""
-    phases = ", ".join(f"{name} {n}" for name, n in report.by_phase.items())
+    phases = ", ".join(f"{name} {n}" for name, n in report.by_phase.items()) or "none"
     b = report.budget
     out = [f"  search: {report.evaluations} of {b.evaluations} evaluations ({phases}), "
            f"{report.search_s:.1f}s of {b.seconds:g}s, rows up to {b.max_length} keys; "

@@ -53,7 +53,7 @@ import torch
 from hypothesis import Phase, given
 from hypothesis import strategies as st
 
-from attnverify import heartbeat
+from attnverify import heartbeat, precise
 from attnverify import strategies as S
 from attnverify.expr import Inequality, margin
 from attnverify.quantities import QUANTITIES, evaluate_quantities, rounding_errors
@@ -127,6 +127,13 @@ class Evaluation:
     margin: float = math.nan
     #: The values break the bound by no more than the rounding of the quantities explains.
     rounding: bool = False
+    #: Which precision decided the case (issue #25.7): ``"float64"``, ``"mpmath"`` (a case
+    #: float64 could not decide, decided on the same input in higher precision:
+    #: :mod:`attnverify.precise`) or ``"undecided"`` (neither could: not a violation).
+    decided_by: str = "float64"
+    #: The higher-precision decision (:class:`attnverify.precise.Decision`), or why there is none.
+    precise: Any = None
+    undecided_reason: str = ""
 
     def __post_init__(self) -> None:
         if math.isnan(self.margin):
@@ -147,6 +154,9 @@ class Evaluation:
             "ratio": None if math.isnan(self.ratio) else number(self.ratio),
             "margin": None if math.isnan(self.margin) else number(self.margin),
             "within_rounding": self.rounding,
+            "decided_by": self.decided_by,
+            "high_precision": None if self.precise is None else self.precise.to_json(),
+            "undecided_reason": self.undecided_reason or None,
         }
 
     def case_json(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -193,9 +203,23 @@ def evaluate(spec, ineq: Inequality, case: FalsifyCase, params) -> Evaluation:
     t = tol_for(F64)
     errors = rounding_errors(values, int(case.scores.numel()), scale_of(case))
     j = ineq.judge(values, rtol=t.rtol, atol=t.atol, errors=errors)
-    ratio = math.nan if j.verdict == "undefined" else j.ratio
-    return Evaluation(case, values, j.lhs, j.rhs, ratio, j.verdict == "fails",
-                      j.verdict == "undefined", j.margin, j.rounding)
+    verdict, rounding, decided_by, decision, reason = j.verdict, j.rounding, "float64", None, ""
+    # float64 could not decide: the values break the bound only within their rounding, or the
+    # expression might have no value within it (finite sides, no NaN quantity)
+    singular = (verdict == "undefined" and not math.isnan(j.lhs) and not math.isnan(j.rhs)
+                and not any(math.isnan(float(v)) for v in values.values()))
+    if rounding or singular:
+        try:
+            decision = precise.decide(ineq, spec, case.scores, case.temperature, params,
+                                      rtol=t.rtol, atol=t.atol)
+        except precise.Undecided as exc:
+            decided_by, reason = "undecided", str(exc)
+        else:
+            decided_by, verdict = "mpmath", decision.verdict
+            rounding = rounding and verdict == "holds"
+    ratio = math.nan if verdict == "undefined" else j.ratio
+    return Evaluation(case, values, j.lhs, j.rhs, ratio, verdict == "fails",
+                      verdict == "undefined", j.margin, rounding, decided_by, decision, reason)
 
 
 def merit(ev: Evaluation) -> float:
@@ -351,10 +375,16 @@ class Search:
     #: longest, as ``(checker seconds, target seconds, row length)`` (behind the process
     #: boundary only: there the target's time is charged apart, :mod:`attnverify.heartbeat`).
     slowest_checker: tuple[float, float, int] | None = None
-    #: Cases where a side was ±inf, and cases that broke the bound only within rounding.
+    #: Cases where a side was ±inf, and cases float64 could not decide (within rounding).
     infinite: int = 0
     within_rounding: int = 0
     rounding_example: Evaluation | None = None
+    #: Of those, the cases decided in higher precision (:mod:`attnverify.precise`) and the
+    #: first, and those it could not decide either, the first and why.
+    precise_decided: int = 0
+    precise_example: Evaluation | None = None
+    precise_undecided: int = 0
+    undecided_example: Evaluation | None = None
     stopped: str = "budget"
     #: Asked before each evaluation: True stops the search at once (``stopped = "stopped"``;
     #: ``falsify --workers``: another worker has a witness).
@@ -414,9 +444,15 @@ class Search:
             self.undefined_example = self.undefined_example or ev
         if ev.infinite_side:
             self.infinite += 1
-        if ev.rounding:
+        if ev.rounding or ev.decided_by != "float64":
             self.within_rounding += 1
             self.rounding_example = self.rounding_example or ev
+        if ev.decided_by == "mpmath":
+            self.precise_decided += 1
+            self.precise_example = self.precise_example or ev
+        elif ev.decided_by == "undecided":
+            self.precise_undecided += 1
+            self.undecided_example = self.undecided_example or ev
         if self.worst is None or _key(ev) > _key(self.worst):
             self.worst = ev
         if ev.fails:
@@ -805,7 +841,9 @@ class _Polish:
         self.n = len(self.base)
 
     def start(self) -> tuple[list[float], list[tuple[float, float]]]:
-        x = [float(v) for v in self.base] + [self.log_ratio0]
+        # a level computed as a mean of tied keys may round a unit past ±1: the start lies in
+        # the box (scipy warns about a start outside its bounds, and would clip it anyway)
+        x = [_clip(float(v), (-1.0, 1.0)) for v in self.base] + [self.log_ratio0]
         bounds = [(-1.0, 1.0)] * self.n + [LOG_RATIO_RANGE]
         if self.free_t:
             x.append(_clip(math.log10(self.t0), LOG_T_RANGE))
@@ -849,7 +887,7 @@ def splits(case: FalsifyCase) -> list[tuple[str, torch.Tensor, list[float]]]:
     live = case.scores[torch.isfinite(case.scores)]
     n = live.numel()
     top = float(live.abs().max()) if n else 0.0
-    level = float(live.mean()) / top if top > 0 else 0.0
+    level = _clip(float(live.mean()) / top, (-1.0, 1.0)) if top > 0 else 0.0
     order = torch.argsort(live, descending=True, stable=True)
     out = []
     for k in dict.fromkeys((1, n // 2, n - 1, 2)):

@@ -92,12 +92,54 @@ def _endpoint(fop, qop, a: float, b: float, lower: bool) -> float:
     if not (math.isfinite(a) and math.isfinite(b)):
         return r
     if math.isfinite(r):
+        fast = _FAST_EXACT.get(qop)
+        if fast is not None and _safe(a) and _safe(b) and _safe(r):
+            if fast(a, b, r):
+                return r
+            return _away(r, lower)
         try:
             if qop(Fraction(a), Fraction(b)) == Fraction(r):
                 return r
         except ZeroDivisionError:
             pass
     return _away(r, lower)
+
+
+#: Magnitudes where the error-free transformations below neither overflow nor lose bits to
+#: underflow (zero included): outside them, exactness is checked with :class:`Fraction`.
+_SAFE_LO, _SAFE_HI = 2.0**-400, 2.0**400
+_SPLIT = 134217729.0  # 2**27 + 1: Veltkamp's split of a double into two 26-bit halves
+
+
+def _safe(x: float) -> bool:
+    return x == 0.0 or _SAFE_LO <= abs(x) <= _SAFE_HI
+
+
+def _product_error(a: float, b: float, p: float) -> float:
+    """``a·b − p`` exactly (Dekker's TwoProduct; ``p`` the rounded product, all in the safe
+    range)."""
+    c = _SPLIT * a
+    a_hi = c - (c - a)
+    a_lo = a - a_hi
+    c = _SPLIT * b
+    b_hi = c - (c - b)
+    b_lo = b - b_hi
+    return ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
+
+
+def _sum_exact(a: float, b: float, s: float) -> bool:
+    """Whether ``s = a + b`` exactly (Knuth's TwoSum error is 0)."""
+    bb = s - a
+    return (a - (s - bb)) + (b - bb) == 0.0
+
+
+def _product_exact(a: float, b: float, p: float) -> bool:
+    return _product_error(a, b, p) == 0.0
+
+
+def _quotient_exact(a: float, b: float, q: float) -> bool:
+    """Whether ``q = a / b`` exactly: ``q·b`` is exactly ``a``."""
+    return q * b == a and _product_error(q, b, q * b) == 0.0
 
 
 def add(x: Interval, y: Interval) -> Interval:
@@ -156,6 +198,10 @@ def _qmul(a, b):
 
 def _qdiv(a, b):
     return a / b
+
+
+#: The float test of exactness of each operation (the ``Fraction`` one is the fallback).
+_FAST_EXACT = {_qadd: _sum_exact, _qmul: _product_exact, _qdiv: _quotient_exact}
 
 
 def power(x: Interval, y: Interval) -> Interval:

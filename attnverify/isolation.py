@@ -127,6 +127,8 @@ def falsify_isolated(target: str, params: dict, text: str, ctx):
         monitor = monitor_of(spec)
         if monitor is not None and monitor.sandboxes:
             res.sandbox = " | ".join(dict.fromkeys(monitor.sandboxes))
+        if monitor is not None:
+            res.target_warnings = list(getattr(monitor, "warnings", []))
         return res
     except UsageError:
         raise

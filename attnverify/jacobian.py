@@ -14,6 +14,7 @@ to plain autograd: ``Jᵀu`` is one backward pass and ``J·v`` the double-backwa
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
@@ -21,6 +22,22 @@ import torch
 from torch import Tensor
 
 from attnverify.tolerances import tol_for
+
+
+def _load_forward_mode() -> None:
+    """Load torch's forward-mode decompositions now, quietly. The first forward-mode product
+    (``torch.func.jvp``, which this module, ``checks/`` and ``remote.py`` use) imports
+    ``torch._decomp.decompositions_for_jvp``, which compiles its decompositions with
+    ``torch.jit.script``; torch 2.13 deprecates that with one ``DeprecationWarning`` per
+    decomposition (18–36 in a pytest run): torch's own use, triggered by our correct one. Loaded
+    once here with that one warning filtered (the worker preloads the module likewise)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated",
+                                category=DeprecationWarning)
+        import torch._decomp.decompositions_for_jvp  # noqa: F401 - loaded for its side effect
+
+
+_load_forward_mode()
 
 RowMap = Callable[[Tensor], Tensor]
 

@@ -127,6 +127,9 @@ def merge_parts(parts: list[tuple[str, dict]]) -> dict[str, Any]:
             for phrase in str(version.get("sandbox") or "").split(" | "):
                 if phrase and phrase not in target.sandbox:
                     target.sandbox.append(phrase)
+            for text in version.get("target_warnings") or []:
+                if isinstance(text, str) and text not in target.target_warnings:
+                    target.target_warnings.append(text)
         for ri, r in enumerate(head["results"]):
             if not r.get("units"):  # not split into units (a target that failed to load)
                 target.results.append(PropertyResult.from_json(r))

@@ -339,6 +339,67 @@ def rounding_errors(values: Mapping[str, float], length: int, scale: float) -> d
     return out
 
 
+#: Where each quantity of the input itself lies, on every row the search may draw (at least one
+#: unmasked key, finite logits) and for every normalizer.
+INPUT_RANGES: dict[str, tuple[float, float]] = {
+    "L": (1.0, math.inf),
+    "L_padded": (1.0, math.inf),
+    "n_unmasked": (1.0, math.inf),
+    "a": (0.0, math.inf),
+    "logit_gap": (0.0, math.inf),
+}
+#: Where the quantities of the weights lie for a normalizer whose output space is known (a
+#: built-in: attnverify's own code, never a target's word), by output space
+#: (docs/INTERFACES.md). The Jacobian quantities are norms: at least 0.
+_NORMS = {"jacobian_spectral": (0.0, math.inf), "jacobian_entry": (0.0, math.inf),
+          "jacobian_frobenius": (0.0, math.inf), "jacobian_l1_total": (0.0, math.inf)}
+_ANY = (-math.inf, math.inf)
+OUTPUT_RANGES: dict[str, dict[str, tuple[float, float]]] = {
+    "simplex": {"max_weight": (0.0, 1.0), "min_weight": (0.0, 1.0), "sum_weight": (1.0, 1.0),
+                "sum_sq_weight": (0.0, 1.0), "entropy": (0.0, math.inf),
+                "n_support": (1.0, math.inf), **_NORMS},
+    "sub_simplex": {"max_weight": (0.0, 1.0), "min_weight": (0.0, 1.0),
+                    "sum_weight": (0.0, 1.0), "sum_sq_weight": (0.0, 1.0),
+                    "entropy": (0.0, math.inf), "n_support": (0.0, math.inf), **_NORMS},
+    "nonnegative": {"max_weight": (0.0, math.inf), "min_weight": (0.0, math.inf),
+                    "sum_weight": (0.0, math.inf), "sum_sq_weight": (0.0, math.inf),
+                    "entropy": _ANY, "n_support": (0.0, math.inf), **_NORMS},
+    "affine": {"max_weight": _ANY, "min_weight": _ANY, "sum_weight": (1.0, 1.0),
+               "sum_sq_weight": (0.0, math.inf), "entropy": _ANY, "n_support": (0.0, math.inf),
+               **_NORMS},
+    "any": {"max_weight": _ANY, "min_weight": _ANY, "sum_weight": _ANY,
+            "sum_sq_weight": (0.0, math.inf), "entropy": _ANY, "n_support": (0.0, math.inf),
+            **_NORMS},
+}
+#: Built-ins whose weights leave their declared space somewhere: relu_norm's row with no
+#: positive score gives zeros (its policy), so its sums lie in [0, 1].
+RANGE_SPACE = {"relu_norm": "sub_simplex"}
+
+
+def quantity_ranges(names: Iterable[str], *, space: str | None,
+                    temperature: tuple[float, float],
+                    lam: float) -> dict[str, tuple[float, float]] | None:
+    """Where each quantity of ``names`` lies over every input: :data:`INPUT_RANGES`, ``T`` in
+    ``temperature``, ``lambda`` the parameter's value, the weights' quantities by the output
+    ``space`` (:data:`OUTPUT_RANGES`; ``None``: the normalizer's own code decides them, which
+    may return anything, NaN included). ``None`` where a quantity has no known range: one of the
+    weights of a normalizer that is not a built-in (its values, even NaN, are its code's)."""
+    out: dict[str, tuple[float, float]] = {}
+    known = OUTPUT_RANGES.get(space, {}) if space is not None else {}
+    for name in names:
+        if name in INPUT_RANGES:
+            out[name] = INPUT_RANGES[name]
+        elif name == "T":
+            out[name] = temperature
+        elif name == "lambda":
+            out[name] = (lam, lam)
+        elif name in known:
+            out[name] = known[name]
+        else:
+            return None
+    return out
+
+
 def describe() -> list[tuple[str, str]]:
     """``(name, description)`` of every quantity, for ``attnverify quantities``."""
     return [(q.name, q.description) for q in QUANTITIES.values()]

@@ -42,7 +42,8 @@ from typing import Any
 
 import torch
 
-from attnverify import heartbeat, prestart, triton_runtime, wire
+# jacobian: imported for its side effect of loading torch's forward-mode decompositions quietly
+from attnverify import heartbeat, jacobian, prestart, triton_runtime, wire  # noqa: F401
 from attnverify.checks.base import Violation, monitor_of
 from attnverify.errors import TargetFailedInFull, UsageError, WorkerFailed
 
@@ -269,6 +270,8 @@ class Monitor:
         self.sandboxes: list[str] = []
         #: Calls that wrote into their inputs (also in :attr:`refused`).
         self.mutated: list[Event] = []
+        #: Warnings the target's calls raised (the worker's word, made printable), once each.
+        self.warnings: list[str] = []
         self.calls = 0
         #: Reads every earlier input still in the shared memory back again (the channel's
         #: :meth:`Channel._check_late`), so that a late write is among :attr:`effects`.
@@ -336,13 +339,15 @@ _REPLY_KEYS = {
     "load": {"id", "ok", "describe"},
     "map": {"id", "ok"},
     "bye": {"id", "ok"},
-    "call": {"id", "ok", "requires_grad", "side_effects"},
-    "calls": {"id", "ok", "side_effects"},
-    "vjp": {"id", "ok", "differentiable", "side_effects"},
-    "vjp2": {"id", "ok", "side_effects"},
-    "jvp": {"id", "ok", "side_effects"},
+    "call": {"id", "ok", "requires_grad", "side_effects", "warnings"},
+    "calls": {"id", "ok", "side_effects", "warnings"},
+    "vjp": {"id", "ok", "differentiable", "side_effects", "warnings"},
+    "vjp2": {"id", "ok", "side_effects", "warnings"},
+    "jvp": {"id", "ok", "side_effects", "warnings"},
 }
 _ERROR_KEYS = {"id", "ok", "kind", "type", "message", "side_effects", "index"}
+#: Distinct warnings of a target kept for its report.
+MAX_WARNINGS = 20
 
 
 class Channel:
@@ -706,6 +711,13 @@ class Channel:
         effects = reply.get("side_effects", [])
         if not isinstance(effects, list) or not all(isinstance(e, str) for e in effects):
             self._fail("reported side effects that are not a list of text")
+        told = reply.get("warnings", [])
+        if not isinstance(told, list) or not all(isinstance(w, str) for w in told):
+            self._fail("reported warnings that are not a list of text")
+        for text in told[:MAX_WARNINGS]:
+            text = printable(text, 300)
+            if text not in self.monitor.warnings and len(self.monitor.warnings) < MAX_WARNINGS:
+                self.monitor.warnings.append(text)
         scores = self._scores(tensors, fn)
         for what in effects:
             self.monitor.effects.append(Event(printable(what, 300), op, heartbeat.current_case(),

@@ -137,6 +137,10 @@ def terminal_table(data: dict[str, Any]) -> str:
             elif r["status"] == "not_checked":
                 lines.append(f"  note: {r['property']} {r['message']}")
         lines.extend(f"  {line}" for line in coverage_lines(target))
+        warned = target.get("target_warnings") or []
+        lines.extend(f"  the target warned: {w}" for w in warned[:3])
+        if len(warned) > 3:
+            lines.append(f"  the target warned {len(warned) - 3} more time(s) (all in the JSON)")
         verdict = target["verdict"].upper().replace("_", " ")
         shard = data.get("shard")
         if shard and target["verdict"] != "failed":  # a partial certificate (certify --shard)
@@ -236,6 +240,18 @@ def counterexample_text(ce: dict[str, Any]) -> str:
     return f"scores={shown} ({', '.join(parts)})"
 
 
+def _word(value: Any) -> str:
+    """A value as the console shows it: a number in ``%g``, text as it is, anything else as
+    JSON (never a Python repr)."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (int, str)):
+        return str(value)
+    return json.dumps(value, default=str)
+
+
 def _plain(layout: dict[str, Any]) -> bool:
     """The contiguous ``[R, L]`` block with ``dim=-1`` (nothing to say about the layout)."""
     return (len(layout.get("sizes") or []) == 2 and layout.get("dim") == -1
@@ -272,7 +288,7 @@ def _violation_lines(r: dict[str, Any]) -> list[str]:
         if "scores" not in ce and ce.get("temperature") is not None:
             extras["temperature"] = ce["temperature"]
         if extras:
-            out.append(f"    case: {extras}")
+            out.append(f"    case: {', '.join(f'{k} {_word(v)}' for k, v in extras.items())}")
         if ce.get("sequence"):
             out.append(f"    {sequence_text(ce['sequence'])}")
         if ce.get("reproduces") is False:

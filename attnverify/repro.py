@@ -133,7 +133,12 @@ def _inequality(target: str, spec, text: str, data: dict[str, Any], params) -> i
     case = FalsifyCase(scores, t, str(data.get("kind", "")), int(data.get("seed", 0)))
     ev = evaluate(spec, ineq, case, params)
     values = ", ".join(f"{k}={v:.6g}" for k, v in ev.values.items())
-    where = f"{target}: {ineq.normalized} at {values}: LHS={ev.lhs:.6g} RHS={ev.rhs:.6g}"
+    where = f"{target}: {text.strip()} at {values}: LHS={ev.lhs:.6g} RHS={ev.rhs:.6g}"
+    if ev.decided_by == "mpmath":  # float64 could not decide: higher precision did
+        where += (f" (decided in higher precision, mpmath {ev.precise.bits}-bit intervals: "
+                  f"{ev.precise.text()})")
+    elif ev.decided_by == "undecided":
+        where += f" (within the rounding of the quantities, undecided: {ev.undecided_reason})"
     if ev.fails:
         print(f"FALSIFIED: {where}")
         return 1

@@ -46,9 +46,13 @@ import signal
 import socket
 import sys
 import time
+import warnings
 from typing import Any
 
 from attnverify import triton_runtime, wire
+
+#: Distinct warnings of the target's calls a worker reports over its life.
+MAX_WARNINGS = 20
 
 #: Inputs and outputs of recent calls stay referenced, up to this many bytes each (no address
 #: is reused among them, so a cache keyed on an address cannot answer a later call).
@@ -377,6 +381,10 @@ class Server:
         self.recent_outputs = _Recent()
         #: How the target's Triton kernels run (``runtime``: ``triton``, ``triton_kernels``).
         self.triton: dict[str, str] = {}
+        #: Warnings the target's calls raised, each told to the checker once (``warnings`` in
+        #: the next answer): new ones of this request, and every one told so far.
+        self.warned: list[str] = []
+        self.warned_seen: set[str] = set()
 
     # ---- load ------------------------------------------------------------------------------
 
@@ -505,20 +513,37 @@ class Server:
         finally:
             torch.set_grad_enabled(before_mode)
         reply["side_effects"] = effects
+        if self.warned:
+            reply["warnings"], self.warned = self.warned, []
         return reply, outputs
 
     def _guarded(self, effects: list[str], grad: bool, call):
         import torch
 
         torch.set_grad_enabled(grad)
-        before = self.guard.snapshot()
-        try:
-            return call()
-        except BaseException as exc:  # noqa: BLE001 - SystemExit included: the target's fault
-            raise Raised(exc) from exc
-        finally:
-            effects.extend(self.guard.check(before))
-            torch.set_grad_enabled(grad)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # the target's warnings are reported, not printed
+            before = self.guard.snapshot()
+            try:
+                return call()
+            except BaseException as exc:  # noqa: BLE001 - SystemExit included: the target's
+                raise Raised(exc) from exc
+            finally:
+                effects.extend(self.guard.check(before))
+                torch.set_grad_enabled(grad)
+                self._warned(caught)
+
+    def _warned(self, caught: list) -> None:
+        """Keep each new warning of the target's call (category, message, where), at most
+        :data:`MAX_WARNINGS` over the worker's life."""
+        for w in caught:
+            if len(self.warned_seen) >= MAX_WARNINGS:
+                return
+            where = f"{os.path.basename(str(w.filename))}:{w.lineno}"
+            text = f"{getattr(w.category, '__name__', 'Warning')}: {w.message} ({where})"[:400]
+            if text not in self.warned_seen:
+                self.warned_seen.add(text)
+                self.warned.append(text)
 
     def _call(self, fn, args, kwargs, tensors, message, grad_mode, effects):
         import torch
