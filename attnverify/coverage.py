@@ -18,8 +18,9 @@ properties, with, per property, the fields where that property covered something
   row with every key masked;
 - ``temperature``: ``[lowest, highest]``, or ``null`` when no case had one;
 - ``values``: ``[lowest, highest]`` finite score; ``magnitudes``: ``[smallest, largest]``
-  largest ``|score|`` of a row (zero rows aside); ``decades``: ``{"+": […], "-": […]}``, the
-  decades ``e`` (``10**e ≤ |z| < 10**(e+1)``) of each row's largest ``|score|``, by its sign;
+  largest ``|score|`` of a row (zero rows aside); ``decades``: per dtype, ``{"+": runs, "-":
+  runs}``, the decades ``e`` (``10**e ≤ |z| < 10**(e+1)``) of each row's largest ``|score|``
+  by its sign, as runs ``[[first, last], …]`` of consecutive decades;
   ``far_below``: how many cases had a row whose every finite score lies below ``-1e4``
   (:data:`attnverify.strategies.domain.FAR_BELOW`); ``shifts``: ``[smallest, largest]`` ``|c|``
   that ``shift_invariant`` added to a row, and ``shift_decades`` their decades (``null`` where
@@ -106,7 +107,7 @@ class Coverage:
         self.temperatures: list[float] = []
         self.values: list[float] = []
         self.magnitudes: list[float] = []
-        self.decades: dict[str, set[int]] = {"+": set(), "-": set()}
+        self.decades: dict[str, dict[str, set[int]]] = {}
         self.far_below = 0
         self.shifts: list[float] = []
         self.shift_decades: set[int] = set()
@@ -169,8 +170,10 @@ class Coverage:
             mags = top.abs()
             self.magnitudes += [float(mags.min()), float(mags.max())]
             exps = torch.floor(torch.log10(mags)).to(torch.int64)
+            seen = self.decades.setdefault(str(scores.dtype).removeprefix("torch."),
+                                           {"+": set(), "-": set()})
             for sign, pick in (("+", top > 0), ("-", top < 0)):
-                self.decades[sign].update(exps[pick].unique().tolist())
+                seen[sign].update(exps[pick].unique().tolist())
 
     def _attention(self, case) -> None:
         import torch
@@ -228,7 +231,9 @@ class Coverage:
             "temperature": _span(self.temperatures),
             "values": _span(self.values),
             "magnitudes": _span(self.magnitudes),
-            "decades": {k: sorted(v) for k, v in self.decades.items()},
+            "decades": {d: {sign: runs(v) for sign, v in signs.items()}
+                        for d, signs in sorted(self.decades.items(),
+                                               key=lambda kv: _dtype_order(kv[0]))},
             "far_below": self.far_below,
             "shifts": _span(self.shifts),
             "shift_decades": sorted(self.shift_decades) if self.shifts else None,
@@ -302,8 +307,7 @@ def merge(blocks: list[dict]) -> dict[str, Any] | None:
         "temperature": widest("temperature"),
         "values": widest("values"),
         "magnitudes": widest("magnitudes"),
-        "decades": {sign: sorted({e for b in blocks for e in (b.get("decades") or {}).get(
-            sign, [])}) for sign in ("+", "-")},
+        "decades": _decades_union(blocks),
         "far_below": sum(b.get("far_below", 0) or 0 for b in blocks),
         "shifts": widest("shifts"),
         "shift_decades": (sorted({e for b in blocks for e in b.get("shift_decades") or []})
@@ -312,6 +316,28 @@ def merge(blocks: list[dict]) -> dict[str, Any] | None:
         "declared": declared,
         **_attention_union(blocks),
     }
+
+
+def runs(values) -> list[list[int]]:
+    """Sorted integers as runs of consecutive ones: ``{1, 2, 3, 7}`` → ``[[1, 3], [7, 7]]``."""
+    out: list[list[int]] = []
+    for v in sorted(set(values)):
+        if out and v == out[-1][1] + 1:
+            out[-1][1] = v
+        else:
+            out.append([v, v])
+    return out
+
+
+def expand(spans) -> set[int]:
+    """The integers of :func:`runs`' output."""
+    return {v for lo, hi in spans or [] for v in range(int(lo), int(hi) + 1)}
+
+
+def _decades_union(blocks: list[dict]) -> dict[str, Any]:
+    dtypes = sorted({d for b in blocks for d in (b.get("decades") or {})}, key=_dtype_order)
+    return {d: {sign: runs(set().union(*(expand(((b.get("decades") or {}).get(d) or {}).get(
+        sign)) for b in blocks))) for sign in ("+", "-")} for d in dtypes}
 
 
 def _attention_union(blocks: list[dict]) -> dict[str, Any]:
@@ -390,14 +416,16 @@ def _magnitudes(block: dict) -> str:
     text = f"scores {_range(block.get('values'))}"
     if block.get("magnitudes"):
         text += f", |z| {_range(block['magnitudes'])}"
-    decades = block.get("decades") or {}
-    signs = [s for s in ("+", "-") if decades.get(s)]
-    if signs:
-        lo = min(min(decades[s]) for s in signs)
-        hi = max(max(decades[s]) for s in signs)
-        both = "both signs" if len(signs) == 2 else ("positive" if signs == ["+"] else
-                                                     "negative")
-        text += f" (decades {lo}…{hi}, {both})"
+    words = []
+    for dtype, signs in (block.get("decades") or {}).items():
+        seen = {s: expand(signs.get(s)) for s in ("+", "-")}
+        every = seen["+"] | seen["-"]
+        if every:
+            both = len(seen["+"] & seen["-"])
+            words.append(f"{dtype} {len(every)} decades {min(every)}…{max(every)}"
+                         f" ({both} in both signs)")
+    if words:
+        text += f" ({'; '.join(words)})"
     return text + f", rows far below zero in {block.get('far_below', 0)} cases"
 
 

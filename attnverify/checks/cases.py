@@ -132,6 +132,7 @@ LARGE_SHARE = 32
 # Strategies built once: building one inside a draw costs more than the draw (Hypothesis
 # inspects it).
 _SCALES = S.scales()
+_USUAL_T = S.temperatures(min_value=D.USUAL_T[0], max_value=D.USUAL_T[1])
 _SEEDS = st.integers(0, 2**32 - 1)
 #: The kinds whose rows get no whole-row offset (their magnitude is their point, or they have
 #: no finite score).
@@ -168,12 +169,23 @@ def row_cases(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None, m
                max(ELEMENTS, getattr(ctx, "max_elements", ELEMENTS)),
                (longest, long_share) if long_share else None)
     fixed = ctx.temperature if spec.takes_temperature else None
-    return _row_cases(options, (spec.takes_temperature, fixed))
+    return _row_cases(options, (spec.takes_temperature, fixed, wide_values(kinds)))
 
 
-def _offset(scores: torch.Tensor, c: float) -> torch.Tensor:
-    """Every finite score moved by ``c`` (computed in float64, rounded once to the dtype)."""
-    moved = scores.to(torch.float64) + c
+def wide_values(kinds) -> bool:
+    """Whether cases of these kinds range over the whole value domain of their dtype
+    (:mod:`attnverify.strategies.domain`): magnitudes, whole-row offsets and temperatures far
+    outside the usual ranges. A property that leaves out ``huge_range`` takes no huge logits
+    (half precision; derivatives by central differences) and keeps the usual ranges."""
+    return "huge_range" in kinds
+
+
+def _offset(scores: torch.Tensor, c: float, seed: int) -> torch.Tensor:
+    """Every finite score of each row moved by the row's offset under ``c``
+    (:func:`attnverify.strategies.domain.row_offsets`; computed in float64, rounded once to
+    the dtype)."""
+    moved = scores.to(torch.float64) + D.row_offsets(c, scores.shape[0], seed).to(
+        scores.device)
     return torch.where(torch.isfinite(scores), moved.to(scores.dtype), scores)
 
 
@@ -181,11 +193,13 @@ def _draw_temperature(draw, temperature, scores: torch.Tensor, dtype):
     """``None`` without a temperature, the fixed one, else one from
     :func:`attnverify.strategies.domain.temperatures`, raised where ``z/T`` would leave the
     dtype's range (:func:`~attnverify.strategies.domain.temperature_floor`)."""
-    takes, fixed = temperature
+    takes, fixed, wide = temperature
     if not takes:
         return None
     if fixed is not None:
         return fixed
+    if not wide:
+        return draw(_USUAL_T)
     t = draw(D.temperatures(dtype))
     finite = scores[torch.isfinite(scores)]
     top = float(finite.abs().max()) if finite.numel() else 0.0
@@ -207,14 +221,16 @@ def _row_cases(draw, options, temperature) -> RowCase:
     if rows > few and large > ELEMENTS and draw(LY.ints(0, LARGE_SHARE - 1)) == LARGE_SHARE - 1:
         longest = longest_row(rows, large)
     length = LY.block_length(draw, lo, max(lo, min(hi, longest)))
-    scale = _draw_row_scale(draw, kind, D.magnitudes(dtype), dtype, None)
+    wide = temperature[2]
+    scale = _draw_row_scale(draw, kind, D.magnitudes(dtype) if wide else _SCALES, dtype, None)
     seed = draw(_SEEDS)
     built = S.build_rows(kind, length=length, batch=rows, dtype=dtype, scale=scale, seed=seed,
                          device=device)
     scores = built.scores
-    # one case in OFFSET_SHARE: the rows moved as a whole, far from zero (shrinks to no move)
-    if kind not in NO_OFFSET and draw(LY.ints(0, D.OFFSET_SHARE - 1)) == D.OFFSET_SHARE - 1:
-        scores = _offset(scores, draw(D.offsets(dtype)))
+    # one case in OFFSET_SHARE: each row moved as a whole, far from zero (shrinks to no move)
+    if wide and kind not in NO_OFFSET and \
+            draw(LY.ints(0, D.OFFSET_SHARE - 1)) == D.OFFSET_SHARE - 1:
+        scores = _offset(scores, draw(D.offsets(dtype)), seed)
     layout = LY.draw_layout(draw, rows, length, space)
     return RowCase(scores, _draw_temperature(draw, temperature, scores, dtype), kind, seed,
                    layout)
@@ -374,9 +390,8 @@ def row_battery(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None,
                                 device=ctx.device)
             layout = battery_layout(spec, rows.batch, length, base + len(out))
             out.append(RowCase(rows.scores, t, kind, 7, layout))
-    for dtype in dtypes:
-        out += domain_battery(spec, ctx, dtype, base + len(out), kinds=kinds,
-                              min_batch=min_batch)
+    for dtype in dtypes if wide_values(kinds) else ():
+        out += domain_battery(spec, ctx, dtype, base + len(out), kinds=kinds)
     if position:
         return out
     if spec.takes_temperature and ctx.temperature is None:
@@ -414,22 +429,22 @@ def far_offsets(dtype) -> tuple[float, ...]:
     return tuple(out)
 
 
-def domain_battery(spec, ctx: Context, dtype, index: int, *, kinds, min_batch=1
-                   ) -> list[RowCase]:
+def domain_battery(spec, ctx: Context, dtype, index: int, *, kinds) -> list[RowCase]:
     """The explicit cases of the value domain, per dtype: one case whose rows each lie far
-    from zero as a whole (a Gaussian row of 9 keys moved by each of :func:`far_offsets`, a key
-    masked where the property takes masked keys), and, for a normalizer with a temperature
-    (not fixed), rows at the lowest and the highest temperature of the dtype's range with
-    logits of that size (``z/T`` about 3)."""
+    from zero as a whole (a Gaussian row of 9 keys moved by each of :func:`far_offsets`) and
+    one row per decade of the dtype's range and sign
+    (:func:`attnverify.strategies.domain.decade_rows`), a key masked where the property takes
+    masked keys; and, for a normalizer with a temperature (not fixed), rows at the lowest and
+    the highest temperature of the dtype's range with logits of that size (``z/T`` about 3)."""
     offsets = far_offsets(dtype)
-    count = max(len(offsets), min_batch)
-    rows = S.build_rows("gaussian", length=9, batch=count, dtype=torch.float64, seed=23,
+    rows = S.build_rows("gaussian", length=9, batch=len(offsets), dtype=torch.float64, seed=23,
                         device=ctx.device).scores
-    moved = rows + torch.tensor([offsets[i % len(offsets)] for i in range(count)],
-                                dtype=torch.float64, device=rows.device)[:, None]
+    moved = rows + torch.tensor(offsets, dtype=torch.float64, device=rows.device)[:, None]
+    moved = torch.cat([moved, D.decade_rows(dtype).to(rows.device)])
     if "masked" in kinds:
         moved[:, 4] = float("-inf")
     scores = moved.to(dtype)
+    count = scores.shape[0]
     t = battery_temperature(spec, ctx)
     out = [RowCase(scores, t, "far_rows", 23, battery_layout(spec, count, 9, index))]
     if spec.takes_temperature and ctx.temperature is None:

@@ -1,7 +1,8 @@
 """Float64 references for the built-ins, written from their defining formulas (docs/NORMALIZERS.md).
 
 Each reference is an independent, deliberately plain implementation: it shares no code with the
-built-in it checks (``dense.py`` / ``sparse.py``), runs in float64 whatever the input dtype, and
+built-in it checks (``dense.py`` / ``sparse.py``), runs in float64 whatever the input dtype
+(inside :func:`precision`, in the dtype given: the same-precision baseline of the tolerance), and
 favours the textbook form over speed (sort-based exact thresholds for sparsemax and 1.5-entmax,
 bisection to float64 resolution for α-entmax). The only numerical care taken is what the formula
 needs to be evaluable at all: a row shift where the map is shift-invariant (it changes nothing

@@ -97,15 +97,6 @@ def offsets(dtype: torch.dtype) -> st.SearchStrategy[float]:
 
 
 @lru_cache(maxsize=64)
-def shifts(dtype: torch.dtype) -> st.SearchStrategy[float]:
-    """The shift ``c`` of ``shift_invariant`` (the same range as :func:`offsets`, starting at
-    ``10**-3``)."""
-    top = limit(dtype)
-    size = _exponent(1e-3, top).map(lambda u: min(10.0**u, top))
-    return st.tuples(st.sampled_from((-1.0, 1.0)), size).map(lambda p: p[0] * p[1])
-
-
-@lru_cache(maxsize=64)
 def temperatures(dtype: torch.dtype) -> st.SearchStrategy[float]:
     """Temperatures: mostly log-uniform over :data:`USUAL_T` (shrinking to 1), one draw in
     :data:`WIDE_SHARE` over :func:`temperature_range`."""
@@ -113,6 +104,32 @@ def temperatures(dtype: torch.dtype) -> st.SearchStrategy[float]:
     usual = st.floats(math.log10(USUAL_T[0]), math.log10(USUAL_T[1])).map(lambda u: 10.0**u)
     wide = st.floats(math.log10(lo), math.log10(hi)).map(lambda u: min(max(10.0**u, lo), hi))
     return st.one_of(*([usual] * (WIDE_SHARE - 1)), wide)
+
+
+def decade_rows(dtype: torch.dtype, length: int = 9, seed: int = 31) -> torch.Tensor:
+    """Rows ``±1.5·10**e·(1 + g/10)`` (float64, ``g`` Gaussian, ``[2·n, length]``) for every
+    decade ``e`` of :func:`decades` and both signs: one row per decade and sign, so that a
+    single explicit case reaches the whole range of the dtype."""
+    g = torch.Generator().manual_seed(seed)
+    exps = torch.tensor(decades(dtype), dtype=torch.float64)
+    size = 1.5 * torch.pow(10.0, exps).repeat(2)
+    sign = torch.cat([torch.ones_like(exps), -torch.ones_like(exps)])
+    noise = torch.randn(size.numel(), length, generator=g, dtype=torch.float64)
+    rows = (sign * size)[:, None] * (1.0 + noise / 10.0)
+    return rows.clamp(-limit(dtype), limit(dtype))
+
+
+def row_offsets(c: float, rows: int, seed: int) -> torch.Tensor:
+    """The offsets of ``rows`` rows (``[rows, 1]``, float64) under a drawn offset ``c``: the
+    first row's is ``c``, each other row's a sign and a magnitude log-uniform over ``[1, |c|]``
+    seeded by ``seed`` (so that one case reaches many decades, and shrinking ``c`` lowers them
+    all)."""
+    top = max(abs(float(c)), 1.0)
+    g = torch.Generator().manual_seed(int(seed) + 6)
+    u = torch.rand(rows, 2, generator=g, dtype=torch.float64)
+    out = torch.where(u[:, 1:] < 0.5, -1.0, 1.0) * torch.pow(top, u[:, :1])
+    out[0, 0] = float(c)
+    return out
 
 
 def exact_shift(scores: torch.Tensor, c: torch.Tensor):
