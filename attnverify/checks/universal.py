@@ -466,17 +466,16 @@ def check_shift_invariant(spec, case, ctx) -> float:
     note_shifts(c)
     excess = _shift_verdict(spec, case, c)
     if isinstance(excess, Violation):
-        failure = excess
-        scale = float(getattr(case, "shift_scale", 1.0) or 1.0)
+        failure, smaller = excess, case
         for _ in range(SHIFT_DECADES):
-            scale /= 10.0
-            if float(c.abs().max()) * scale < 1e-3:
+            smaller = smaller._replace(shift_scale=float(smaller.shift_scale) / 10.0)
+            c = shift_of(smaller)
+            if float(c.abs().max()) < 1e-3:
                 break
-            smaller = _shift_verdict(spec, case._replace(shift_scale=scale), c * scale / (
-                float(getattr(case, "shift_scale", 1.0) or 1.0)))
-            if not isinstance(smaller, Violation):
+            verdict = _shift_verdict(spec, smaller, c)
+            if not isinstance(verdict, Violation):
                 break
-            failure = smaller
+            failure = verdict
         raise failure
     return excess
 
