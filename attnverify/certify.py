@@ -33,6 +33,7 @@ from attnverify.checks.base import (
 from attnverify.checks.layout import space_of
 from attnverify.checks.shrink import shrink
 from attnverify.coverage import Coverage
+from attnverify.coverage import recording as coverage_recording
 from attnverify.errors import TargetFailedInFull, UsageError, WorkerFailed
 from attnverify.registry import NormalizerSpec
 from attnverify.runconfig import (  # noqa: F401 - re-exported: the run configuration's home
@@ -543,7 +544,8 @@ def _evaluate(prop: Property, spec, ctx, state: _State, case) -> float:
     state.coverage.add(case)
     heartbeat.example_started(case, sequence.step_of(prop.id))  # the watchdog's clock
     try:
-        ratio = float(prop.check(spec, case, ctx))
+        with coverage_recording(state.coverage):  # what the check exercised (shifts)
+            ratio = float(prop.check(spec, case, ctx))
     except Deferred as exc:  # decided over every case of the unit (_decide_deferred)
         state.deferred.setdefault(type(exc), []).append((case, exc))
         return 0.0

@@ -17,6 +17,15 @@ properties, with, per property, the fields where that property covered something
 - ``masked_keys`` and ``fully_masked_rows``: how many cases had a masked key in a live row, and a
   row with every key masked;
 - ``temperature``: ``[lowest, highest]``, or ``null`` when no case had one;
+- ``values``: ``[lowest, highest]`` finite score; ``magnitudes``: ``[smallest, largest]``
+  largest ``|score|`` of a row (zero rows aside); ``decades``: per dtype, ``{"+": runs, "-":
+  runs}``, the decades ``e`` (``10**e ≤ |z| < 10**(e+1)``) of each row's largest ``|score|``
+  by its sign, as runs ``[[first, last], …]`` of consecutive decades;
+  ``far_below``: how many cases had a row whose every finite score lies below ``-1e4``
+  (:data:`attnverify.strategies.domain.FAR_BELOW`); ``shifts``: ``[smallest, largest]`` ``|c|``
+  that ``shift_invariant`` added to a row, and ``shift_decades`` their decades (``null`` where
+  no shift was made); for attention cases ``mask_bias``, ``[lowest, highest]`` finite entry of
+  an additive mask;
 - ``declared``: the layouts and axes the normalizer declares it takes (``null``: none declared,
   held to every one).
 
@@ -26,12 +35,52 @@ Cases without rows of scores (a margin for the length-awareness peak) count in `
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from typing import Any
 
 FIELDS = ("cases", "dtypes", "ranks", "axes", "layouts", "row_length", "row_count",
           "elements", "large_cases", "large_sizes", "masked_keys", "fully_masked_rows",
-          "temperature")
+          "temperature", "values", "magnitudes", "decades", "far_below", "shifts",
+          "shift_decades", "mask_bias")
+#: Every finite score of a row below this: the row is "far below zero" (the value of
+#: :data:`attnverify.strategies.domain.FAR_BELOW`; not imported: the report needs no torch).
+FAR_BELOW = -1e4
+#: The coverage the check being run reports into (:func:`recording`, :func:`note_shifts`).
+_CURRENT: contextvars.ContextVar = contextvars.ContextVar("attnverify_coverage", default=None)
+
+
+@contextlib.contextmanager
+def recording(coverage: Coverage):
+    """While open, what a check reports it exercised (:func:`note_shifts`) goes to
+    ``coverage``."""
+    token = _CURRENT.set(coverage)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def note_shifts(shifts) -> None:
+    """The shifts ``|c|`` a check added to rows (a tensor or numbers), counted in the coverage
+    being recorded (none: ignored)."""
+    coverage = _CURRENT.get()
+    if coverage is None:
+        return
+    try:
+        values = [abs(float(c)) for c in (shifts.flatten().tolist() if hasattr(
+            shifts, "flatten") else shifts)]
+    except (TypeError, ValueError):
+        return
+    for c in values:
+        if c > 0 and math.isfinite(c):
+            coverage.shifts.append(c)
+            coverage.shift_decades.add(_decade(c))
+
+
+def _decade(x: float) -> int:
+    return math.floor(math.log10(x))
 #: Cases of more entries than this (torch's parallel grain, where many kernels take another
 #: path) are counted in ``large_cases`` and listed in ``large_sizes``.
 LARGE = 2**15
@@ -56,6 +105,13 @@ class Coverage:
         self.masked = 0
         self.fully = 0
         self.temperatures: list[float] = []
+        self.values: list[float] = []
+        self.magnitudes: list[float] = []
+        self.decades: dict[str, dict[str, set[int]]] = {}
+        self.far_below = 0
+        self.shifts: list[float] = []
+        self.shift_decades: set[int] = set()
+        self.mask_bias: list[float] = []
         self.attention = None  # attnverify.attention.coverage.AttentionCoverage
 
     def add(self, case: Any) -> None:
@@ -93,8 +149,35 @@ class Coverage:
         dead = masked.all(dim=-1)
         self.masked += int(bool((masked & ~dead.unsqueeze(-1)).any()))
         self.fully += int(bool(dead.any())) if length else 0
+        self._values(scores)
+
+    def _values(self, scores) -> None:
+        """The values, magnitudes and decades (by sign) of the rows' finite scores."""
+        import torch
+
+        z = scores.detach().to(device="cpu", dtype=torch.float64)
+        finite = torch.isfinite(z)
+        if not bool(finite.any()):
+            return
+        live = finite.any(-1)
+        low = torch.where(finite, z, math.inf).amin(-1)[live]
+        high = torch.where(finite, z, -math.inf).amax(-1)[live]
+        self.values += [float(low.min()), float(high.max())]
+        self.far_below += int(bool((high < FAR_BELOW).any()))
+        top = torch.where(high.abs() >= low.abs(), high, low)  # the row's largest |z|, signed
+        top = top[top != 0]
+        if top.numel():
+            mags = top.abs()
+            self.magnitudes += [float(mags.min()), float(mags.max())]
+            exps = torch.floor(torch.log10(mags)).to(torch.int64)
+            seen = self.decades.setdefault(str(scores.dtype).removeprefix("torch."),
+                                           {"+": set(), "-": set()})
+            for sign, pick in (("+", top > 0), ("-", top < 0)):
+                seen[sign].update(exps[pick].unique().tolist())
 
     def _attention(self, case) -> None:
+        import torch
+
         from attnverify.attention.cases import has_dead_rows
         from attnverify.attention.coverage import AttentionCoverage
 
@@ -107,6 +190,10 @@ class Coverage:
         mask = getattr(case, "attn_mask", None)
         if mask is not None and 0 in mask.stride():
             self.layouts.add("expanded")
+        if mask is not None and mask.dtype != torch.bool and mask.numel():
+            finite = mask[torch.isfinite(mask)]
+            if finite.numel():
+                self.mask_bias += [float(finite.min()), float(finite.max())]
         self._size(int(math.prod(q.shape[:-1])), int(k.shape[-2]))
         self.masked += int(mask is not None or bool(getattr(case, "is_causal", False)))
         self.fully += int(has_dead_rows(case))
@@ -142,6 +229,15 @@ class Coverage:
             "masked_keys": self.masked,
             "fully_masked_rows": self.fully,
             "temperature": _span(self.temperatures),
+            "values": _span(self.values),
+            "magnitudes": _span(self.magnitudes),
+            "decades": {d: {sign: runs(v) for sign, v in signs.items()}
+                        for d, signs in sorted(self.decades.items(),
+                                               key=lambda kv: _dtype_order(kv[0]))},
+            "far_below": self.far_below,
+            "shifts": _span(self.shifts),
+            "shift_decades": sorted(self.shift_decades) if self.shifts else None,
+            "mask_bias": _span(self.mask_bias),
             "declared": declared,
             **({"attention": self.attention.to_json()} if self.attention is not None else {}),
         }
@@ -209,9 +305,39 @@ def merge(blocks: list[dict]) -> dict[str, Any] | None:
         "masked_keys": sum(b.get("masked_keys", 0) for b in blocks),
         "fully_masked_rows": sum(b.get("fully_masked_rows", 0) for b in blocks),
         "temperature": widest("temperature"),
+        "values": widest("values"),
+        "magnitudes": widest("magnitudes"),
+        "decades": _decades_union(blocks),
+        "far_below": sum(b.get("far_below", 0) or 0 for b in blocks),
+        "shifts": widest("shifts"),
+        "shift_decades": (sorted({e for b in blocks for e in b.get("shift_decades") or []})
+                          if any(b.get("shifts") for b in blocks) else None),
+        "mask_bias": widest("mask_bias"),
         "declared": declared,
         **_attention_union(blocks),
     }
+
+
+def runs(values) -> list[list[int]]:
+    """Sorted integers as runs of consecutive ones: ``{1, 2, 3, 7}`` → ``[[1, 3], [7, 7]]``."""
+    out: list[list[int]] = []
+    for v in sorted(set(values)):
+        if out and v == out[-1][1] + 1:
+            out[-1][1] = v
+        else:
+            out.append([v, v])
+    return out
+
+
+def expand(spans) -> set[int]:
+    """The integers of :func:`runs`' output."""
+    return {v for lo, hi in spans or [] for v in range(int(lo), int(hi) + 1)}
+
+
+def _decades_union(blocks: list[dict]) -> dict[str, Any]:
+    dtypes = sorted({d for b in blocks for d in (b.get("decades") or {})}, key=_dtype_order)
+    return {d: {sign: runs(set().union(*(expand(((b.get("decades") or {}).get(d) or {}).get(
+        sign)) for b in blocks))) for sign in ("+", "-")} for d in dtypes}
 
 
 def _attention_union(blocks: list[dict]) -> dict[str, Any]:
@@ -226,7 +352,7 @@ def _attention_union(blocks: list[dict]) -> dict[str, Any]:
 
 #: Fields compared per property in :func:`target_block` (counts of cases always differ).
 COMPARED = ("dtypes", "ranks", "axes", "layouts", "row_length", "row_count", "elements",
-            "temperature")
+            "temperature", "magnitudes", "shifts")
 
 
 def target_block(results) -> dict[str, Any] | None:
@@ -273,6 +399,12 @@ def describe(block: dict | None) -> str:
              _entries(block),
              f"masked keys in {block.get('masked_keys', 0)} cases, fully masked rows in "
              f"{block.get('fully_masked_rows', 0)}"]
+    if block.get("values"):
+        parts.append(_magnitudes(block))
+    if block.get("shifts"):
+        parts.append(f"shifts ±{_range(block['shifts'])}")
+    if block.get("mask_bias"):
+        parts.append(f"mask biases {_range(block['mask_bias'])}")
     if block.get("temperature"):
         parts.append(f"T {_range(block['temperature'])}")
     cap = block.get("per_call")
@@ -284,6 +416,25 @@ def describe(block: dict | None) -> str:
         parts.append(f"at most {cap['rows']} rows{heads} per call ({cap.get('reason', '')}"
                      f"{more})")
     return "; ".join(parts)
+
+
+def _magnitudes(block: dict) -> str:
+    """``scores -3.4e+33–5e+33, |z| 1e-06–5e+33 (decades -6…33 both signs), rows far below
+    zero in 12 cases``."""
+    text = f"scores {_range(block.get('values'))}"
+    if block.get("magnitudes"):
+        text += f", |z| {_range(block['magnitudes'])}"
+    words = []
+    for dtype, signs in (block.get("decades") or {}).items():
+        seen = {s: expand(signs.get(s)) for s in ("+", "-")}
+        every = seen["+"] | seen["-"]
+        if every:
+            both = len(seen["+"] & seen["-"])
+            words.append(f"{dtype} {len(every)} decades {min(every)}…{max(every)}"
+                         f" ({both} in both signs)")
+    if words:
+        text += f" ({'; '.join(words)})"
+    return text + f", rows far below zero in {block.get('far_below', 0)} cases"
 
 
 def _entries(block: dict) -> str:
@@ -300,9 +451,10 @@ def describe_difference(diff: dict) -> str:
     """``float64 only; rows 1–4097`` for a property's differing fields."""
     out = []
     for key, value in diff.items():
-        if key in ("row_length", "row_count", "elements", "temperature"):
+        if key in ("row_length", "row_count", "elements", "temperature", "magnitudes",
+                   "shifts"):
             name = {"row_length": "row length", "row_count": "rows", "elements": "entries",
-                    "temperature": "T"}[key]
+                    "temperature": "T", "magnitudes": "|z|", "shifts": "shifts"}[key]
             out.append(f"{name} {_range(value)}")
         elif value is None:
             out.append(f"no {key}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from zoo import ATTENTION
 
 from attnverify import attention_spec
 from attnverify.attention import cases as AC
@@ -81,25 +82,7 @@ def test_recipes_build_the_same_tensors_twice():
 # Planted defects: each caught by the property it breaks, with a reproducing counterexample
 
 
-PLANTED = [
-    ("ignores_bool_mask", "attn_bool_mask"),
-    ("inverted_bool_mask", "attn_bool_mask"),
-    ("bool_mask_as_additive", "attn_bool_mask"),
-    ("ignores_additive_mask", "attn_additive_mask"),
-    ("bottom_right_causal", "attn_causal"),
-    ("padding_leak", "attn_padding"),
-    ("sliding_off_by_one", "attn_sliding_window"),
-    ("nan_for_fully_masked", "attn_fully_masked_row"),
-    ("doubled_output", "attn_convex_hull"),
-    ("positional_bias", "attn_key_permutation"),
-    ("gqa_tiled_heads", "attn_gqa"),
-    ("batch_coupled", "attn_batch_head_independent"),
-    ("half_accumulation", "attn_low_precision"),
-    ("wrong_grad_v", "attn_gradients"),
-    ("wrong_default_scale", "attn_reference"),
-    ("assumes_bhld_memory", "attn_reference"),
-    ("first_batch_mask", "attn_bool_mask"),
-]
+PLANTED = ATTENTION  # the zoo's table (tests/zoo.py)
 
 
 @pytest.mark.parametrize("attr, prop_id", PLANTED)

@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from zoo import PLANTED
 
 from attnverify import cli
 from attnverify.certify import certify_target, make_context
@@ -24,21 +25,7 @@ def statuses(attr: str, claims=("simplex",)) -> dict[str, str]:
     return {r.property: r.status for r in res.results}
 
 
-@pytest.mark.parametrize(
-    "attr, broken",
-    [
-        ("overflow_softmax", "finite"),
-        ("wrong_threshold_sparsemax", "simplex"),
-        ("inplace_softmax", "no_mutation"),
-        ("noisy_softmax", "deterministic"),
-        ("positional_softmax", "permutation_equivariant"),
-        ("mask_leak_softmax", "mask_zero"),
-        ("batch_coupled_softmax", "batch_independent"),
-        ("row_sum_off_softmax", "simplex"),
-        ("sigmoid_claiming_simplex", "simplex"),
-        ("nan_on_mask_softmax", "mask_zero"),
-    ],
-)
+@pytest.mark.parametrize("attr, broken", PLANTED)  # the zoo's table (tests/zoo.py)
 def test_planted_defect_is_found(attr, broken):
     got = statuses(attr)
     assert got[broken] in ("violated", "error"), f"{attr}: {broken} -> {got[broken]}; {got}"

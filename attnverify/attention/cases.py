@@ -26,7 +26,10 @@ recipe asks for fully masked rows, whose padded queries then see no key), ``caus
 (``is_causal=True``, no tensor). How the pattern is given:
 
 - ``mask_type``: ``bool`` (True = may attend) or ``additive`` (finite biases, ``-inf`` where a
-  key may not be attended);
+  key may not be attended); an additive mask may carry a constant ``offset`` added to every
+  finite bias (drawn one time in four over the dtype's whole range, both signs:
+  :func:`attnverify.strategies.domain.offsets`), which moves every row as a whole and so
+  changes nothing;
 - ``mask_shape``: every shape SDPA broadcasts to ``[B, H, L_q, L_k]``: ``full`` ``[B, H, L_q,
   L_k]``, ``batch`` ``[B, 1, L_q, L_k]`` (the Hugging Face shape), ``heads`` ``[1, H, L_q, L_k]``,
   ``shared`` ``[1, 1, L_q, L_k]``, ``2d`` ``[L_q, L_k]``, ``keys`` ``[B, 1, 1, L_k]``; the
@@ -59,6 +62,8 @@ from typing import Any, NamedTuple
 
 import torch
 from hypothesis import strategies as st
+
+from attnverify.strategies import domain
 
 QK_KINDS = ("gaussian", "aligned", "duplicates", "mixed_norms")
 #: Mask patterns (``none`` and ``causal`` build no tensor); the last three are the older
@@ -247,8 +252,8 @@ def _mask(r: dict, g: torch.Generator):
     if kind not in MASK_TYPES or view not in MASK_VIEWS:
         raise ValueError(f"mask_type must be one of {MASK_TYPES}, mask_view one of {MASK_VIEWS}")
     dims = _dims(shape, r)
-    bias = torch.randn(*dims, generator=g, dtype=torch.float64) * 3 if kind == "additive" \
-        else None
+    bias = torch.randn(*dims, generator=g, dtype=torch.float64) * 3 + float(
+        r.get("offset", 0.0)) if kind == "additive" else None
     allowed = _pattern(pattern, dims, dead, r, g).contiguous()
     if bias is not None:
         allowed = bias.masked_fill(~allowed, float("-inf"))
@@ -375,7 +380,7 @@ def _mostly(common, rare):
     return st.one_of(common, common, common, rare)
 
 
-def _mask_fields(draw, masks, mask_types, dead: bool) -> dict[str, Any]:
+def _mask_fields(draw, masks, mask_types, dead: bool, dtype: str) -> dict[str, Any]:
     kind = draw(st.sampled_from(masks))
     out = {"mask": kind, "dead": dead and kind not in ("none", "causal")}
     if kind in PATTERN_SHAPES:
@@ -383,7 +388,16 @@ def _mask_fields(draw, masks, mask_types, dead: bool) -> dict[str, Any]:
         shape = draw(st.sampled_from(PATTERN_SHAPES[kind]))
         views = ("plain", "sliced") if shape == "full" else MASK_VIEWS
         out.update(mask_shape=shape, mask_view=draw(st.sampled_from(views)))
+        if out["mask_type"] == "additive":
+            out["offset"] = draw(_offsets(dtype))
     return out
+
+
+def _offsets(dtype: str):
+    """The constant offset of an additive mask: none three times in four, else
+    :func:`attnverify.strategies.domain.offsets` of the dtype (a large constant a kernel must
+    not take for "masked")."""
+    return st.one_of(st.just(0.0), st.just(0.0), st.just(0.0), domain.offsets(DTYPES[dtype]))
 
 
 def recipes(*, dtypes, masks=("none",), max_keys=MAX_KEYS, gqa=False, head_dims=HEAD_DIMS,
@@ -410,11 +424,12 @@ def recipes(*, dtypes, masks=("none",), max_keys=MAX_KEYS, gqa=False, head_dims=
         l_q = draw(_lengths(1, min(MAX_QUERIES, max(1, room // max(1, min_keys)))))
         l_k = draw(_lengths(min_keys, max(min_keys, min(max_keys, room // l_q))))
         scale_mode = draw(st.sampled_from(scales))
+        dtype = draw(st.sampled_from(names))
         out = {
             "b": b, "h": h, "h_kv": h_kv, "l_q": l_q, "l_k": l_k, "d": d, "d_v": d_v,
-            "dtype": draw(st.sampled_from(names)), "qk": draw(st.sampled_from(QK_KINDS)),
+            "dtype": dtype, "qk": draw(st.sampled_from(QK_KINDS)),
             "mag": draw(st.sampled_from(MAGNITUDES)),
-            **_mask_fields(draw, masks, mask_types, dead),
+            **_mask_fields(draw, masks, mask_types, dead, dtype),
             "keep": draw(st.sampled_from((0.5, 0.1, 0.9))), "window": draw(st.integers(1, 8)),
             "scale": ("default" if scale_mode == "default"
                       else draw(st.sampled_from((0.5, 1.0, 1.0 / math.sqrt(d) * 2)))),

@@ -7,7 +7,7 @@ Read from each case's recipe (how its tensors were built) and its tensors:
 - ``batch``, ``heads``, ``kv_heads``, ``groups`` (query heads per key/value head), ``d``,
   ``d_v``: the values checked, sorted;
 - ``l_q``, ``l_k``: ``[fewest, most]`` queries and keys; ``unequal_lengths``: cases with
-  ``L_q ≠ L_k``;
+  ``L_q ≠ L_k``; ``unequal_dims``: cases with ``d ≠ d_v``;
 - ``masks``: how the mask was given, in words (``none``, ``is_causal``, or its type and shape,
   with ``expanded`` for stride 0 over the broadcast axes and ``sliced`` for a view of a longer
   buffer: ``bool [B, 1, L_q, L_k] expanded``); ``fully_masked``: the same words for the masks
@@ -48,6 +48,7 @@ class AttentionCoverage:
         self.spans: dict[str, list[int]] = {k: [] for k in SPANS}
         self.words: dict[str, set[str]] = {k: set() for k in WORDS}
         self.unequal = 0
+        self.unequal_dims = 0
 
     def add(self, case) -> None:
         from attnverify.attention.cases import has_dead_rows
@@ -63,6 +64,7 @@ class AttentionCoverage:
         self.spans["l_q"].append(l_q)
         self.spans["l_k"].append(l_k)
         self.unequal += int(l_q != l_k)
+        self.unequal_dims += int(int(q.shape[-1]) != int(v.shape[-1]))
         words = mask_words(r) if r else ("is_causal" if case.is_causal else
                                          "none" if case.attn_mask is None else "given")
         self.words["masks"].add(words)
@@ -74,6 +76,7 @@ class AttentionCoverage:
         out: dict[str, Any] = {k: sorted(v) for k, v in self.sets.items()}
         out.update({k: [min(v), max(v)] if v else None for k, v in self.spans.items()})
         out["unequal_lengths"] = self.unequal
+        out["unequal_dims"] = self.unequal_dims
         out.update({k: sorted(v) for k, v in self.words.items()})
         return out
 
@@ -89,7 +92,8 @@ def merge(blocks: list[dict]) -> dict[str, Any] | None:
         spans = [b[key] for b in blocks if b.get(key)]
         out[key] = [min(s[0] for s in spans), max(s[1] for s in spans)] if spans else None
     out["unequal_lengths"] = sum(b.get("unequal_lengths", 0) for b in blocks)
-    return {k: out[k] for k in (*SETS, *SPANS, "unequal_lengths", *WORDS)}
+    out["unequal_dims"] = sum(b.get("unequal_dims", 0) for b in blocks)
+    return {k: out[k] for k in (*SETS, *SPANS, "unequal_lengths", "unequal_dims", *WORDS)}
 
 
 def _values(values: list[int]) -> str:

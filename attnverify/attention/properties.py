@@ -51,6 +51,13 @@ BIG_SHAPES = ({"b": 1, "h": 32, "l_q": 9, "l_k": 17, "d": 8, "layout": "hf"},
               {"b": 2, "h": 4, "l_q": 9, "l_k": 33, "d": 80, "d_v": 48, "layout": "cache"},
               {"b": 2, "h": 2, "l_q": 3, "l_k": 65, "d": 12, "d_v": 6, "layout": "qkv",
                "mask": "bool", "mask_shape": "2d"})
+#: Float masks of large constant offsets (every finite bias moved by the same constant: the
+#: rows move as a whole and the output must not change): just past FlashInfer's finite initial
+#: maximum (-5e4), its test's -524288, far lower, and a large positive one.
+OFFSET_MASKS = ({"mask": "additive", "offset": -6e4}, {"mask": "additive", "offset": -524288.0,
+                                                       "mask_shape": "keys"},
+                {"mask": "additive", "offset": -1e9, "mask_shape": "2d"},
+                {"mask": "additive", "offset": 1e6, "mask_shape": "batch"})
 #: GQA at the groups and key/value head counts of real models (2 to 8 per group, 1 to 8
 #: key/value heads) in every layout.
 GQA_SHAPES = ({"h": 4, "h_kv": 2}, {"h": 6, "h_kv": 2, "mask": "bool"},
@@ -206,7 +213,7 @@ _ALL = [
     _prop("attn_additive_mask", "an additive float mask is added to the scores (-inf masks) in "
           "every shape SDPA broadcasts, expanded with stride 0 or sliced", K.check_mask,
           masks=PATTERNS, mask_types=("additive",),
-          battery=({"mask": "additive"}, *mask_battery("additive"))),
+          battery=({"mask": "additive"}, *mask_battery("additive"), *OFFSET_MASKS)),
     _prop("attn_causal", "is_causal=True is top-left aligned: query i attends keys j ≤ i, "
           "also when L_q ≠ L_k", K.check_reference, masks=("causal",),
           battery=({"mask": "causal", "l_q": 3, "l_k": 6}, {"mask": "causal", "l_q": 6, "l_k": 3},

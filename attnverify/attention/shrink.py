@@ -45,7 +45,7 @@ MASK_FIELDS = ("mask_type", "mask_shape", "mask_view", "dead")
 #: Structural simplifications, tried in order: each a field and its simplest value.
 SIMPLER = (("layout", "bhld"), ("mask", "none"), ("mask_view", "plain"), ("mask_type", "bool"),
            ("dead", False), ("qk", "gaussian"), ("mag", 1.0), ("scale", "default"),
-           ("keep", 0.5), ("positive_v", False))
+           ("keep", 0.5), ("positive_v", False), ("offset", 0.0))
 
 
 def _kind(exc: BaseException) -> str | None:
@@ -175,4 +175,15 @@ class _Search:
                 moved = self.attempt(**{name: value}) or moved
         if int(self.recipe.get("window", 1)) > 1:
             moved = self.down("window") or moved
+        moved = self.offset() or moved
         return moved and not self.exhausted()
+
+    def offset(self) -> bool:
+        """The additive mask's constant offset a tenth as large while the failure stays (the
+        smallest magnitude that still fails)."""
+        moved = False
+        while abs(float(self.recipe.get("offset", 0.0))) >= 10 and not self.exhausted():
+            if not self.attempt(offset=float(self.recipe["offset"]) / 10):
+                break
+            moved = True
+        return moved

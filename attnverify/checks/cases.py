@@ -15,6 +15,7 @@ from attnverify import strategies as S
 from attnverify.checks.base import Context
 from attnverify.checks.layout import space_of
 from attnverify.registry import NormalizerSpec
+from attnverify.strategies import domain as D
 from attnverify.strategies import layouts as LY
 from attnverify.strategies.layouts import Layout
 from attnverify.strategies.rows import _draw_row_scale, _kind_bounds
@@ -32,6 +33,9 @@ class RowCase(NamedTuple):
     kind: str
     seed: int
     layout: Layout | None = None
+    #: What ``shift_invariant`` multiplies its drawn shifts by (a failure is retried with
+    #: shifts a tenth as large and reported at the smallest that fails).
+    shift_scale: float = 1.0
 
 
 class BoundedCase(NamedTuple):
@@ -128,7 +132,11 @@ LARGE_SHARE = 32
 # Strategies built once: building one inside a draw costs more than the draw (Hypothesis
 # inspects it).
 _SCALES = S.scales()
+_USUAL_T = S.temperatures(min_value=D.USUAL_T[0], max_value=D.USUAL_T[1])
 _SEEDS = st.integers(0, 2**32 - 1)
+#: The kinds whose rows get no whole-row offset (their magnitude is their point, or they have
+#: no finite score).
+NO_OFFSET = ("huge_range", "fully_masked", "mixed_scale")
 
 
 @lru_cache(maxsize=256)
@@ -164,7 +172,42 @@ def row_cases(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None, m
                min_batch, most, space_of(spec), ctx.device,
                max(ELEMENTS, getattr(ctx, "max_elements", ELEMENTS)),
                (longest, long_share) if long_share else None)
-    return _row_cases(options, _temperature(spec, ctx))
+    fixed = ctx.temperature if spec.takes_temperature else None
+    return _row_cases(options, (spec.takes_temperature, fixed, wide_values(kinds)))
+
+
+def wide_values(kinds) -> bool:
+    """Whether cases of these kinds range over the whole value domain of their dtype
+    (:mod:`attnverify.strategies.domain`): magnitudes, whole-row offsets and temperatures far
+    outside the usual ranges. A property that leaves out ``huge_range`` takes no huge logits
+    (half precision; derivatives by central differences) and keeps the usual ranges."""
+    return "huge_range" in kinds
+
+
+def _offset(scores: torch.Tensor, c: float, seed: int) -> torch.Tensor:
+    """Every finite score of each row moved by the row's offset under ``c``
+    (:func:`attnverify.strategies.domain.row_offsets`; computed in float64, rounded once to
+    the dtype)."""
+    moved = scores.to(torch.float64) + D.row_offsets(c, scores.shape[0], seed).to(
+        scores.device)
+    return torch.where(torch.isfinite(scores), moved.to(scores.dtype), scores)
+
+
+def _draw_temperature(draw, temperature, scores: torch.Tensor, dtype):
+    """``None`` without a temperature, the fixed one, else one from
+    :func:`attnverify.strategies.domain.temperatures`, raised where ``z/T`` would leave the
+    dtype's range (:func:`~attnverify.strategies.domain.temperature_floor`)."""
+    takes, fixed, wide = temperature
+    if not takes:
+        return None
+    if fixed is not None:
+        return fixed
+    if not wide:
+        return draw(_USUAL_T)
+    t = draw(D.temperatures(dtype))
+    finite = scores[torch.isfinite(scores)]
+    top = float(finite.abs().max()) if finite.numel() else 0.0
+    return max(t, D.temperature_floor(top, dtype))
 
 
 @st.composite
@@ -182,12 +225,19 @@ def _row_cases(draw, options, temperature) -> RowCase:
     if rows > few and large > ELEMENTS and draw(LY.ints(0, LARGE_SHARE - 1)) == LARGE_SHARE - 1:
         longest = longest_row(rows, large)
     length = LY.block_length(draw, lo, max(lo, min(hi, longest)))
-    scale = _draw_row_scale(draw, kind, _SCALES, dtype, None)
+    wide = temperature[2]
+    scale = _draw_row_scale(draw, kind, D.magnitudes(dtype) if wide else _SCALES, dtype, None)
     seed = draw(_SEEDS)
     built = S.build_rows(kind, length=length, batch=rows, dtype=dtype, scale=scale, seed=seed,
                          device=device)
+    scores = built.scores
+    # one case in OFFSET_SHARE: each row moved as a whole, far from zero (shrinks to no move)
+    if wide and kind not in NO_OFFSET and \
+            draw(LY.ints(0, D.OFFSET_SHARE - 1)) == D.OFFSET_SHARE - 1:
+        scores = _offset(scores, draw(D.offsets(dtype)), seed)
     layout = LY.draw_layout(draw, rows, length, space)
-    return RowCase(built.scores, draw(temperature), kind, seed, layout)
+    return RowCase(scores, _draw_temperature(draw, temperature, scores, dtype), kind, seed,
+                   layout)
 
 
 #: The layouts of the explicit cases, in turn: ``(kind, rank, axis from the end, positive
@@ -350,6 +400,8 @@ def row_battery(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None,
                                 device=ctx.device)
             layout = battery_layout(spec, rows.batch, length, base + len(out))
             out.append(RowCase(rows.scores, t, kind, 7, layout))
+    for dtype in dtypes if wide_values(kinds) else ():
+        out += domain_battery(spec, ctx, dtype, base + len(out), kinds=kinds)
     if position:
         return out
     if spec.takes_temperature and ctx.temperature is None:
@@ -367,6 +419,51 @@ def row_battery(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None,
         entries = joint_entries(ctx, None if joint == "all" else joint)
         out += explicit_cases(spec, ctx, entries, kinds=kinds, dtype=dtypes[0],
                               temperature=t)
+    return out
+
+
+#: The offsets of the explicit rows far from zero (:func:`domain_battery`), each capped at
+#: the dtype's :func:`~attnverify.strategies.domain.limit`: just past FlashInfer's finite
+#: initial maximum (-5e4) and its test's -524288, far lower, and both ends of the range.
+FAR_OFFSETS = (-6e4, -524288.0, -1e9, "-limit", "+limit")
+
+
+def far_offsets(dtype) -> tuple[float, ...]:
+    """:data:`FAR_OFFSETS` for ``dtype`` (each within its range, none repeated)."""
+    top = D.limit(dtype)
+    out = []
+    for c in FAR_OFFSETS:
+        value = -top if c == "-limit" else top if c == "+limit" else max(float(c), -top)
+        if value not in out:
+            out.append(value)
+    return tuple(out)
+
+
+def domain_battery(spec, ctx: Context, dtype, index: int, *, kinds) -> list[RowCase]:
+    """The explicit cases of the value domain, per dtype: one case whose rows each lie far
+    from zero as a whole (a Gaussian row of 9 keys moved by each of :func:`far_offsets`) and
+    one row per decade of the dtype's range and sign
+    (:func:`attnverify.strategies.domain.decade_rows`), a key masked where the property takes
+    masked keys; and, for a normalizer with a temperature (not fixed), rows at the lowest and
+    the highest temperature of the dtype's range with logits of that size (``z/T`` about 3)."""
+    offsets = far_offsets(dtype)
+    rows = S.build_rows("gaussian", length=9, batch=len(offsets), dtype=torch.float64, seed=23,
+                        device=ctx.device).scores
+    moved = rows + torch.tensor(offsets, dtype=torch.float64, device=rows.device)[:, None]
+    moved = torch.cat([moved, D.decade_rows(dtype).to(rows.device)])
+    if "masked" in kinds:
+        moved[:, 4] = float("-inf")
+    scores = moved.to(dtype)
+    count = scores.shape[0]
+    t = battery_temperature(spec, ctx)
+    out = [RowCase(scores, t, "far_rows", 23, battery_layout(spec, count, 9, index))]
+    if spec.takes_temperature and ctx.temperature is None:
+        for j, temperature in enumerate(D.temperature_range(dtype)):
+            size = min(3.0 * temperature, D.limit(dtype))
+            rows = S.build_rows("gaussian", length=12, batch=2, dtype=dtype, scale=size,
+                                seed=29 + j, device=ctx.device)
+            out.append(RowCase(rows.scores, temperature, "gaussian", 29 + j,
+                               battery_layout(spec, 2, 12, index + 1 + j)))
     return out
 
 

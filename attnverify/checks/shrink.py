@@ -19,7 +19,9 @@ violation, a raise stays a raise):
    to 0 at once (below), then drop blocks of keys likewise (masked keys are dropped only when
    the failure survives, so a mask the failure needs is kept);
 4. simplest values: every score to 0 at once (masked keys too, when the failure does not need
-   them), else every finite one, else row by row, then each finite score to 0, else truncated
+   them), else every finite one; rows lying far from zero as a whole moved a tenth as far
+   (spread kept) while the failure stays, so a failure far from zero is reported at the
+   smallest magnitude that still fails; else row by row, then each finite score to 0, else truncated
    to an integer, else to one significant digit (always towards 0, so a bound such as
    ``|l| ≤ a`` still holds); otherwise ``-inf``, ``inf`` and NaN stay;
 5. temperature 1 when the case drew one (not when ``--params`` fixed it).
@@ -49,6 +51,9 @@ from attnverify.checks.base import Deferred, NormalizerError, Violation
 from attnverify.strategies.layouts import Layout, build_layout, plain
 
 MAX_CHECKS = 400
+#: Rows whose mean lies at least this far from zero (all on one side) are moved nearer zero
+#: by :meth:`_Search.nearer_zero`.
+FAR = 10.0
 #: Row counts :meth:`_Search.first_rows` tries (and key counts :meth:`_Search.first_keys`),
 #: fewest first: a few, then either side of every power of two up to 4096 (chunk boundaries).
 ROW_LADDER = tuple(sorted({1, 2, 3, 4} | {2**k + d for k in range(3, 13) for d in (-1, 0, 1)}))
@@ -214,6 +219,7 @@ class _Search:
         """Every score to 0 at once (masks included), else every finite one, else row by row
         (when there are several), then each score to a simpler value."""
         changed = self.zero_all()
+        changed |= self.nearer_zero()
         if not changed and self.case.scores.shape[0] > 1:
             for r in range(self.case.scores.shape[0]):
                 if self.exhausted():
@@ -233,6 +239,29 @@ class _Search:
                     break
         return changed
 
+
+    def nearer_zero(self) -> bool:
+        """Rows lying far from zero as a whole (every finite score on one side, their mean at
+        least :data:`FAR` away) moved a tenth as far, keeping their spread, while the failure
+        stays: a failure far from zero is reported at the smallest magnitude that still
+        fails."""
+        changed = False
+        while not self.exhausted():
+            scores = self.case.scores
+            z = scores.to(torch.float64)
+            finite = torch.isfinite(z)
+            count = finite.sum(-1, keepdim=True).clamp_min(1)
+            mean = torch.where(finite, z, 0.0).sum(-1, keepdim=True) / count
+            low = torch.where(finite, z, math.inf).amin(-1, keepdim=True)
+            high = torch.where(finite, z, -math.inf).amax(-1, keepdim=True)
+            far = ((low > 0) | (high < 0)) & (mean.abs() >= FAR) & finite.any(-1, keepdim=True)
+            if not bool(far.any()):
+                return changed
+            moved = torch.where(finite & far, z - 0.9 * mean, z).to(scores.dtype)
+            if torch.equal(moved, scores) or not self.attempt(self.case._replace(scores=moved)):
+                return changed
+            changed = True
+        return changed
 
     def zero(self, where: torch.Tensor) -> bool:
         """Set the finite nonzero scores in ``where`` to 0, if that still fails."""

@@ -34,6 +34,14 @@ from attnverify.checks.layout import (
     weights,
     where,
 )
+from attnverify.checks.reference import (
+    baseline_slack,
+    evaluate_reference,
+    reference_owner,
+    reference_spec,
+)
+from attnverify.coverage import note_shifts
+from attnverify.strategies import domain
 from attnverify.strategies.layouts import collect, plain, present
 from attnverify.tolerances import tol_for
 
@@ -428,26 +436,106 @@ def check_affine_sum(spec, case, ctx) -> float:
     return _sum_check(_out(spec, case), case.scores, target_le=False)
 
 
-def check_shift_invariant(spec, case, ctx) -> float:
-    """f(z + c) = f(z) for a per-row constant c; tolerance grows with |c|·eps (rounding z + c)."""
+#: Shifts tried after a failing one, each a tenth of the last (the failure is reported at the
+#: smallest magnitude that still fails).
+SHIFT_DECADES = 40
+
+
+def shift_of(case) -> torch.Tensor:
+    """The shifts ``c`` (``[R, 1]``, float64) ``shift_invariant`` adds to the case's rows: per
+    row, a sign and a magnitude log-uniform over ``[1e-3, limit(dtype)]``
+    (:mod:`attnverify.strategies.domain`), seeded by the case."""
     scores = case.scores
     g = torch.Generator().manual_seed(int(case.seed) + 4)
-    finite = scores[torch.isfinite(scores)]
-    scale = float(finite.abs().max()) if finite.numel() else 1.0
-    c = (torch.rand(scores.shape[0], 1, generator=g, dtype=torch.float64) - 0.5) * 20
-    shifted = (scores.to(torch.float64) + c).to(scores.dtype)
-    got, want = case_weights_many(spec, case, [shifted, scores])
-    t = case.temperature or 1.0
-    eps = torch.finfo(scores.dtype).eps
-    slack = 1.0 + (scale + 10.0) * eps / (t * tol_for(scores.dtype).rtol)
-    ok, excess = close_mask(got, want, scores.dtype, scale=slack)
-    if not ok:
-        raise Violation(
-            f"f(z + c) != f(z) (c per row in [-10, 10]): "
-            f"{mismatch_message(got, want, scores.dtype, slack)}",
-            observed=excess, bound=1, ratio=excess, shift=c.flatten().tolist(),
-        )
+    lo, hi = -3.0, math.log10(domain.limit(scores.dtype))
+    u = torch.rand(scores.shape[0], 2, generator=g, dtype=torch.float64)  # row i: u[i] alone
+    sign = torch.where(u[:, 1:] < 0.5, -1.0, 1.0)
+    scale = float(getattr(case, "shift_scale", 1.0) or 1.0)
+    return sign * torch.pow(10.0, lo + (hi - lo) * u[:, :1]) * scale
+
+
+def check_shift_invariant(spec, case, ctx) -> float:
+    """f(z + c) = f(z) for a constant ``c`` per row drawn over the whole range of the dtype
+    (:func:`shift_of`), the pair made exact (:func:`attnverify.strategies.domain.exact_shift`:
+    both rows on the grid of the larger magnitude, so ``z + c`` is not rounded). Tolerance: the
+    dtype's, plus the same-precision baseline of both rows (``checks.reference.baseline_slack``)
+    and the rounding of ``z/T``; without a reference of the checker's, the dtype's tolerance
+    grown with ``max|z + c|·eps/T`` (a kernel rounds the scores it scales). A failing shift is
+    retried a tenth as large, and the smallest that still fails is reported."""
+    c = shift_of(case)
+    note_shifts(c)
+    excess = _shift_verdict(spec, case, c)
+    if isinstance(excess, Violation):
+        failure, smaller = excess, case
+        for _ in range(SHIFT_DECADES):
+            smaller = smaller._replace(shift_scale=float(smaller.shift_scale) / 10.0)
+            c = shift_of(smaller)
+            if float(c.abs().max()) < 1e-3:
+                break
+            verdict = _shift_verdict(spec, smaller, c)
+            if not isinstance(verdict, Violation):
+                break
+            failure = verdict
+        raise failure
     return excess
+
+
+def _shift_verdict(spec, case, c: torch.Tensor):
+    """The ratio of ``f(a + c)`` vs ``f(a)`` (the pair of :func:`exact_shift`), or the
+    :class:`Violation` (returned, not raised)."""
+    scores = case.scores
+    a, b, c = domain.exact_shift(scores, c)
+    got, want = case_weights_many(spec, case, [b, a])
+    t = case.temperature
+    dtype = scores.dtype
+    ok, excess = close_mask(got, want, dtype)
+    if ok:  # within the dtype's tolerance: no allowance needed (nor its cost)
+        return excess
+    slack = _shift_slack(spec, a, b, t)
+    if slack is None:
+        top = float(torch.where(torch.isfinite(b), b.abs(), 0).max()) if b.numel() else 0.0
+        scale = 1.0 + top * torch.finfo(dtype).eps / ((t or 1.0) * tol_for(dtype).rtol)
+        ok, excess = close_mask(got, want, dtype, scale=scale)
+        words = mismatch_message(got, want, dtype, scale) if not ok else ""
+    else:
+        ok, excess = close_mask(got, want, dtype, slack=slack)
+        words = mismatch_message(got, want, dtype, slack=slack) if not ok else ""
+    if ok:
+        return excess
+    r = _first_bad_row(got, want, dtype) if slack is None else _first_bad_row_slack(
+        got, want, dtype, slack)
+    return Violation(
+        f"f(z + c) != f(z) (row {r}: c = {float(c[r]):.6g}, max |z| = "
+        f"{_top(a[r]):.6g}; the shift is exact in {describe_dtype(dtype)}): {words}",
+        observed=excess, bound=1, ratio=excess, shift=c.flatten().tolist()[:64], row=r,
+        case=case._replace(scores=a))
+
+
+def _top(row: torch.Tensor) -> float:
+    finite = row[torch.isfinite(row)]
+    return float(finite.abs().max()) if finite.numel() else 0.0
+
+
+def _shift_slack(spec, a, b, temperature):
+    """The allowance on top of the dtype's tolerance: the baseline of both rows and the
+    rounding of ``z/T`` (``None``: no reference of the checker's)."""
+    ref = reference_spec(spec)
+    if ref is None or reference_owner(spec) != "checker":
+        return None
+    total = None
+    for x in (a, b):
+        want = evaluate_reference(spec, ref, x, temperature)
+        part = baseline_slack(spec, x, temperature, want) + moved_by(want, [
+            evaluate_reference(spec, ref, m, temperature)
+            for m in rounded_scalings(x, temperature)])
+        total = part if total is None else total + part
+    return total
+
+
+def _first_bad_row_slack(got, want, dtype, slack) -> int:
+    diff, allowed = _diff_allowed(got, want, dtype, 1.0, slack)
+    ratio = (diff / allowed).nan_to_num(math.inf).amax(-1)
+    return int((ratio > 1).nonzero().flatten()[0])
 
 
 def check_order_preserving(spec, case, ctx) -> float:

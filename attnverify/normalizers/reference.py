@@ -1,7 +1,8 @@
 """Float64 references for the built-ins, written from their defining formulas (docs/NORMALIZERS.md).
 
 Each reference is an independent, deliberately plain implementation: it shares no code with the
-built-in it checks (``dense.py`` / ``sparse.py``), runs in float64 whatever the input dtype, and
+built-in it checks (``dense.py`` / ``sparse.py``), runs in float64 whatever the input dtype
+(inside :func:`precision`, in the dtype given: the same-precision baseline of the tolerance), and
 favours the textbook form over speed (sort-based exact thresholds for sparsemax and 1.5-entmax,
 bisection to float64 resolution for α-entmax). The only numerical care taken is what the formula
 needs to be evaluable at all: a row shift where the map is shift-invariant (it changes nothing
@@ -15,8 +16,9 @@ temperature divides the scores, ``f(z; T) = f(z/T)``.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -27,12 +29,27 @@ F64 = torch.float64
 NEG_INF = float("-inf")
 #: Bisection steps for α-entmax: the bracket [−1, 0] halves to below float64 resolution.
 BISECTION_STEPS = 200
+#: The precision the formulas run in: float64, or the dtype of :func:`precision` (a
+#: same-precision baseline).
+_WORK = [F64]
+
+
+@contextlib.contextmanager
+def precision(dtype: torch.dtype) -> Iterator[None]:
+    """Evaluate the formulas in ``dtype`` instead of float64 while the context is open: the
+    same-precision baseline of the tolerance rule (docs/THEORY.md, "How close is close"), the
+    formula as written, rounded as a plain implementation in that dtype rounds it."""
+    _WORK.append(dtype)
+    try:
+        yield
+    finally:
+        _WORK.pop()
 
 
 def _rows(scores: Tensor, dim: int, temperature: float) -> tuple[Tensor, Tensor]:
-    """``(x, live)``: the scores divided by T in float64 with rows on the last dim, and the
-    unmasked keys."""
-    z = scores.detach().to(F64).movedim(dim, -1)
+    """``(x, live)``: the scores divided by T in float64 (or the :func:`precision` in force)
+    with rows on the last dim, and the unmasked keys."""
+    z = scores.detach().to(_WORK[-1]).movedim(dim, -1)
     live = z != NEG_INF
     return z / float(temperature), live
 
@@ -50,7 +67,7 @@ def _max(x: Tensor, live: Tensor) -> Tensor:
 
 
 def _count(live: Tensor) -> Tensor:
-    return live.sum(-1, keepdim=True).to(F64)
+    return live.sum(-1, keepdim=True).to(_WORK[-1])
 
 
 def _normalise(w: Tensor) -> Tensor:
@@ -134,7 +151,7 @@ def stablemax(scores: Tensor, dim: int = -1, temperature: float = 1.0) -> Tensor
     """``s(z_i/T) / Σ_j s(z_j/T)``, ``s(x) = x + 1`` (x ≥ 0), ``1/(1 − x)`` (x < 0)."""
     x, live = _rows(scores, dim, temperature)
     s = torch.where(live, _stable_s(x), torch.zeros_like(x))
-    s = s / s.amax(-1, keepdim=True).clamp_min(torch.finfo(F64).tiny)  # scale: exact
+    s = s / s.amax(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)  # scale: exact
     return _out(_normalise(s), live, dim)
 
 
@@ -142,7 +159,7 @@ def relu_norm(scores: Tensor, dim: int = -1, temperature: float = 1.0) -> Tensor
     """``ReLU(z) / Σ_j ReLU(z_j)``; a row with no positive score gives zeros (the policy)."""
     x, live = _rows(scores, dim, temperature)
     r = torch.where(live, x.clamp_min(0.0), torch.zeros_like(x))
-    r = r / r.amax(-1, keepdim=True).clamp_min(torch.finfo(F64).tiny)  # scale: exact
+    r = r / r.amax(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)  # scale: exact
     return _out(_normalise(r), live, dim)
 
 
@@ -162,7 +179,7 @@ def _sorted(x: Tensor, live: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Unmasked values sorted descending (masked last, as 0), their liveness and ranks 1…L."""
     srt, order = torch.sort(torch.where(live, x, torch.full_like(x, NEG_INF)), -1, True)
     alive = live.gather(-1, order)
-    k = torch.arange(1, x.shape[-1] + 1, dtype=F64, device=x.device)
+    k = torch.arange(1, x.shape[-1] + 1, dtype=x.dtype, device=x.device)
     return torch.where(alive, srt, torch.zeros_like(srt)), alive, k
 
 
@@ -176,7 +193,7 @@ def sparsemax(scores: Tensor, dim: int = -1, temperature: float = 1.0) -> Tensor
     csum = srt.cumsum(-1)
     support = (1.0 + k * srt > csum) & alive
     size = support.sum(-1, keepdim=True).clamp_min(1)
-    tau = (csum.gather(-1, size - 1) - 1.0) / size.to(F64)
+    tau = (csum.gather(-1, size - 1) - 1.0) / size.to(x.dtype)
     return _out((x - tau).clamp_min(0.0), live, dim)
 
 
@@ -232,7 +249,7 @@ def from_kernel(kernel: Kernel) -> Callable[..., Tensor]:
     row."""
 
     def reference(scores: Tensor, dim: int = -1, temperature: float = 1.0, **_: object):
-        z = scores.detach().to(F64).movedim(dim, -1)
+        z = scores.detach().to(_WORK[-1]).movedim(dim, -1)
         live = z != NEG_INF
         f = torch.where(live, kernel.F(torch.where(live, z, 0.0), float(temperature)), 0.0)
         total = f.sum(-1, keepdim=True)
