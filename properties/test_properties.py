@@ -9,6 +9,7 @@ exactly as ``attnverify certify`` does (same seed, same verdicts, serial or unde
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import cache
 
@@ -111,10 +112,13 @@ def pytest_generate_tests(metafunc):
 
 def test_property(attnverify_case, request):
     """One property of one normalizer, under Hypothesis with the profile's budget and seed."""
-    from attnverify.certify import run_property
+    from attnverify.certify import run_property, triton_execution
 
     target, spec, prop_id = attnverify_case
     ctx, _ = _load(_key(request.config))
+    execution, cap = triton_execution(spec.fn, ctx)  # an interpreted Triton kernel: few rows
+    if cap:
+        ctx = dataclasses.replace(ctx, max_rows=cap["rows"])
     shard = ctx.shard
     select = None if shard is None else shard.selector(target, prop_id, ctx.device)
     res = run_property(PROPERTIES[prop_id], spec, ctx, select=select)
@@ -126,7 +130,8 @@ def test_property(attnverify_case, request):
               "reference": reference_label(spec), "reference_owner": reference_owner(spec),
               "worker_pids": list(monitor.pids) if monitor is not None else [],
               "sandbox": list(dict.fromkeys(monitor.sandboxes)) if monitor is not None else [],
-              "result": res.to_json(partial=shard is not None)}
+              "result": res.to_json(partial=shard is not None),
+              "execution": execution, "call_cap": cap}
     from attnverify.certify import jsonable
 
     request.node.user_properties.append((RESULT_KEY, json.dumps(jsonable(record))))
@@ -156,7 +161,8 @@ def certificate_from_records(config, records: list[dict]) -> dict:
     for rec in records:
         t = targets.setdefault(rec["target"], TargetResult(
             rec["target"], [], [], rec["params"], reference=rec.get("reference"),
-            reference_owner=rec.get("reference_owner")))
+            reference_owner=rec.get("reference_owner"), execution=rec.get("execution"),
+            call_cap=rec.get("call_cap")))
         for pid in rec.get("worker_pids", []):
             if pid not in t.worker_pids:
                 t.worker_pids.append(pid)
