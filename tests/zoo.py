@@ -158,6 +158,26 @@ ZOO: list[Entry] = [
         ("exits", "shape"), ("hard_exits", "shape"), ("segfaults", "shape"),
         ("raises_base", "shape"), ("hangs", "shape"), ("trickles_an_answer", "shape"),
         ("hogs_memory", "shape"), ("reports_memory_limit", "probe")]),
+    # ---- every gradient entry and call sequences (issue #25, items 4 and 5)
+    *_many("planted_masked_gradient.py", "test_gradient_trust.py", [
+        ("straight_through_mask_softmax", "gradient"), ("lse_backward_softmax", "gradient"),
+        ("masked_autograd_softmax", "certified"), ("float32_accumulating_softmax", "certified")]),
+    *_many("planted_masked_gradient.py", "test_attention.py", [
+        ("floored_backward_attention", "attn_gradients"),
+        ("flash_backward_attention", "certified")], "attention"),
+    *_many("planted_sequence.py", "test_repro_sequence.py", [
+        ("workspace_softmax", "shape"), ("autotuned_softmax", "simplex"),
+        ("shape_cache_softmax", "simplex"), ("constant_cache_softmax", "certified")]),
+    # ---- Triton kernels through the interpreter (issue #26); the kernels behind the declared
+    # attention specs are run through those specs
+    *_many("planted_triton.py", "test_triton.py", [
+        ("zero_fill_softmax", "simplex"), ("no_max_softmax", "finite"),
+        ("narrow_block_softmax", "matches_reference"), ("unrescaled_softmax", "simplex"),
+        ("row_stride_softmax", "layout_invariant"), ("half_exp_softmax", "simplex")]),
+    *_many("planted_triton.py", "test_triton.py", [
+        ("causal_off_by_one", "attn_causal"), ("half_accumulator", "attn_causal")], "attention"),
+    *_many("planted_triton.py", SELF, [
+        ("flash_off_by_one", "probe"), ("flash_half_accumulator", "probe")], "attention"),
     # ---- the value domain (issue #25): run here, each by the ci profile at seed 0
     Entry("planted_domain.py", "finite_init_max_softmax", "simplex", SELF),
     Entry("planted_domain.py", "log2_prescale_softmax", "matches_reference", SELF,
