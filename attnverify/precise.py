@@ -354,6 +354,7 @@ FORMULAS: dict[str, Callable[[Levels, dict], list]] = {
     "sparsemax": _w_sparsemax,
     "entmax15": _w_entmax15,
     "entmax_alpha": _w_entmax_alpha,
+    "softmax_fused": _w_softmax,  # softmax in a fused kernel: the same map
 }
 
 
@@ -409,6 +410,9 @@ def quantities(names, spec: Any, row: torch.Tensor, temperature: float | None,
     if len(values) * iv.prec > MAX_WORK:
         raise Undecided(f"a row of {len(values)} distinct logits is too long to evaluate at "
                         f"{iv.prec} bits")
+    if builtin not in FORMULAS:
+        raise Undecided(f"the built-in {builtin} has no formula here to evaluate in higher "
+                        "precision")
     weights = FORMULAS[builtin](levels, p)
     counts = levels[1]
     for name in wanted:
@@ -423,7 +427,7 @@ def quantities(names, spec: Any, row: torch.Tensor, temperature: float | None,
 #: a threshold that solves the sum, or daGPAM's (1 + λ)·1 − λ·1), which interval arithmetic
 #: alone would only enclose.
 EXACT_SUM = frozenset({"softmax", "ssmax", "stablemax", "relu_norm", "dagpam", "sparsemax",
-                       "entmax15", "entmax_alpha"})
+                       "entmax15", "entmax_alpha", "softmax_fused"})
 
 
 def _any_positive(weights: list) -> bool:
