@@ -15,7 +15,8 @@ this interpreter), interleaved round by round so both meet the same load: certif
 built-in (ci; this checkout with its default ``--jobs`` and with ``--jobs 1``), one normalizer
 ``file.py:fn`` (dev and ci), ``certify --attention sdpa`` (ci) and two falsify bounds (ci; one
 with a Jacobian). For each it prints the median and best wall time, the CPU time of the whole
-process tree (``getrusage(RUSAGE_CHILDREN)``: checker, zygote and workers), its peak memory
+process tree (``getrusage(RUSAGE_CHILDREN)``: checker, zygote and workers; a process its parent
+never waits for, as a multiprocessing forkserver's children, is not counted), its peak memory
 (proportional set size of checker, zygote and workers together, sampled every 0.2 s with psutil;
 without psutil, the largest single process's resident size) and the ratios of the medians::
 
