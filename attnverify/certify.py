@@ -63,11 +63,17 @@ class PropertyResult:
     #: Its units (:mod:`attnverify.shard`), one per dtype, in order: ``(dtype, result)``, the
     #: result ``None`` for a unit not run (another shard's, or a missing shard's).
     units: list = field(default_factory=list)
+    #: Where the target raised, in its own code (an ``error`` because it raised): the lines of
+    #: its traceback without attnverify's frames, as its worker sent them (``certify
+    #: --traceback`` shows them); ``None``: it did not raise. In the JSON only when set.
+    traceback: list[str] | None = None
 
     def to_json(self, *, partial: bool = False) -> dict[str, Any]:
         """The result; ``partial``: each unit with its whole result, for ``merge``."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.name != "units"}  # plain JSON values already; units below
+        if out["traceback"] is None:
+            del out["traceback"]
         if out["worst_ratio"] is not None:
             out["worst_ratio"] = number(out["worst_ratio"])  # one encoding: "inf", not 1e308
         out["elapsed_s"] = round(self.elapsed_s, 4)
@@ -127,13 +133,20 @@ def combine(prop_id: str, claimed: bool, units: list, *, missing: str = "") -> P
     return PropertyResult(
         property=prop_id, claimed=claimed, status=top,
         examples=sum(r.examples for r in ran),
-        worst_ratio=max(worst) if worst else None,
+        worst_ratio=_largest(worst) if worst else None,
         counterexample=chosen.counterexample if top in ("violated", "error") else None,
         message=message,
         elapsed_s=sum(r.elapsed_s for r in ran),
         coverage=merge_coverage(blocks),
         units=list(units),
+        traceback=chosen.traceback if top in ("violated", "error") and chosen else None,
     )
+
+
+def _largest(ratios: list) -> float:
+    """The largest of ``ratios``, NaN when one is NaN (``max`` would skip it by position)."""
+    values = [float(r) for r in ratios]
+    return math.nan if any(math.isnan(v) for v in values) else max(values)
 
 
 @dataclass
@@ -474,7 +487,10 @@ def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
         message = f"no valid case: {exc}"
     else:
         message = f"internal error in attnverify ({type(exc).__name__}: {_first_line(exc)})"
-    return _finish(prop, claimed, "error", state, start, message, None, spec, ctx)
+    result = _finish(prop, claimed, "error", state, start, message, None, spec, ctx)
+    if isinstance(exc, NormalizerError):  # where in its own code (remote.TargetRaised)
+        result.traceback = getattr(exc.cause, "traceback", None) or None
+    return result
 
 
 def _decide_deferred(state: _State):
@@ -651,8 +667,8 @@ def _finish(prop, claimed, status, state, start, message, violation, spec, ctx) 
     if status in ("violated", "error") and state.last is not None:
         counterexample = describe_case(state.last, spec)
         case_json = dict(counterexample)
-        if violation is not None:
-            worst = max(worst, violation.ratio)
+        if violation is not None:  # a ratio that is not a number (NaN weights) stays one
+            worst = _largest([worst, violation.ratio])
             counterexample.update(jsonable({
                 "observed": violation.observed, "bound": violation.bound,
                 "ratio": violation.ratio, **violation.details,

@@ -121,6 +121,9 @@ def _certify_args(p: argparse.ArgumentParser) -> None:
                    help="file of TARGET::PROPERTY patterns (* ? [] allowed; # comments) expected "
                    "to fail; an entry that matches nothing, or every id, is an error")
     p.add_argument("--quiet", action="store_true", help="print only the verdict lines")
+    p.add_argument("--traceback", action="store_true",
+                   help="where a target raised, print its traceback (its own frames; the JSON "
+                   "certificate always holds it)")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="run shard K of N (units of target x property x dtype x device, "
                    "partitioned by their ci cost) and write a partial certificate for "

@@ -74,6 +74,16 @@ class TargetRaised(Exception):
         self.remote_type = remote_type or "Exception"
 
 
+class ContractBroken(TargetRaised):
+    """The target (or its own reference) cannot be called as ``fn(scores, dim=-1, **params)``:
+    found from its signature when it is loaded, so it fails ``load`` once instead of every
+    property raising the same ``TypeError``."""
+
+    def __init__(self, message: str):
+        super().__init__("TypeError", message)
+        self.reason = f"failed: {message}"
+
+
 # --------------------------------------------------------------------------------------------
 # The zygote
 
@@ -284,7 +294,7 @@ _REPLY_KEYS = {
     "vjp2": {"id", "ok", "side_effects"},
     "jvp": {"id", "ok", "side_effects"},
 }
-_ERROR_KEYS = {"id", "ok", "kind", "type", "message", "side_effects", "index"}
+_ERROR_KEYS = {"id", "ok", "kind", "type", "message", "side_effects", "index", "traceback"}
 
 
 class Channel:
@@ -321,13 +331,15 @@ class Channel:
     def _start(self) -> None:
         if not self.isolated:
             from attnverify.errors import TargetImportFailed
-            from attnverify.worker import Server
+            from attnverify.worker import Server, user_traceback
 
             self.local = Server()
             try:
                 describe = self.local.load(dict(self.load_message))
             except TargetImportFailed as exc:  # as behind the boundary: the target's failure
-                raise TargetRaised(type(exc).__name__, str(exc)) from None
+                raised = TargetRaised(type(exc).__name__, str(exc))
+                raised.traceback = user_traceback(exc.__cause__ or exc)
+                raise raised from None
         else:
             self.pid, self.sock, sandbox = zygote().fork(memory_limit=self.device == "cpu")
             self.monitor.pids.append(self.pid)
@@ -569,7 +581,8 @@ class Channel:
         except (worker.Raised, worker.Border) as exc:
             if isinstance(exc, worker.Raised):
                 name, text = worker.describe_exception(exc.cause)
-                reply = {"ok": False, "kind": "raised", "type": name, "message": text}
+                reply = {"ok": False, "kind": "raised", "type": name, "message": text,
+                         "traceback": worker.user_traceback(exc.cause)}
             else:
                 reply = {"ok": False, "kind": "border", "type": "", "message": str(exc)}
             reply["side_effects"] = list(getattr(exc, "side_effects", []))
@@ -634,7 +647,20 @@ class Channel:
             raise UsageError(text)
         raised = TargetRaised(name, text)
         raised.index = index
+        raised.traceback = _traceback(reply)
+        if raised.traceback is None:
+            self._fail("answered with a malformed traceback")
         raise raised
+
+
+def _traceback(reply: dict) -> list[str] | None:
+    """The target's traceback in an answer (lines of text, made printable: the code under
+    test's word, shown with ``--traceback``), ``[]`` without one, ``None`` when malformed."""
+    lines = reply.get("traceback", [])
+    if not isinstance(lines, list) or len(lines) > 100 or \
+            not all(isinstance(line, str) for line in lines):
+        return None
+    return [printable(line, 300) for line in lines]
 
 
 def _same_bytes(arena, slot, t: torch.Tensor) -> bool:
@@ -873,8 +899,8 @@ class RemoteFunction:
         self.same_dtype = same_dtype
         self.__name__ = self.__qualname__ = name
         self.__doc__ = f"{name}, called in its worker process"
-        names = [n for n in signature.get("accepts", []) if isinstance(n, str)
-                 and n.isidentifier()]
+        names = [n for n in dict.fromkeys(signature.get("accepts", [])) if isinstance(n, str)
+                 and n.isidentifier() and n not in ("scores", "dim", "params")]
         params = [inspect.Parameter("scores", inspect.Parameter.POSITIONAL_OR_KEYWORD),
                   inspect.Parameter("dim", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=-1)]
         params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
@@ -1005,6 +1031,7 @@ def _open_normalizer(channel: Channel, target: str):
 
     d = _described(channel)
     _check_normalizer_description(channel, d)
+    _check_contract(d)
     fn = RemoteFunction(channel, "target", d["id"], d["params"], d["signature"])
     kernel = None
     if d["kernel"] is not None:
@@ -1018,6 +1045,18 @@ def _open_normalizer(channel: Channel, target: str):
     spec = NormalizerSpec(id=d["id"], fn=fn, kernel=kernel, params=dict(d["params"]),
                           claims=tuple(d["claims"]), reference=None, **extra, target=target)
     return dataclasses.replace(spec, reference=_reference(channel, d["reference"]))
+
+
+def _check_contract(d: dict) -> None:
+    """Raise :class:`ContractBroken` when the description says the target, or the reference it
+    brings, cannot take the call ``fn(scores, dim=-1, **params)`` (a signature without ``dim``,
+    say): one ``load`` failure naming the contract, not one ``TypeError`` per property."""
+    problem = d["signature"].get("contract", "")
+    ref = d["reference"]
+    if not problem and isinstance(ref, dict) and ref.get("kind") == "own" and ref.get("contract"):
+        problem = f"its reference {ref['contract']}"
+    if problem:
+        raise ContractBroken(printable(problem))
 
 
 def _tuple(value):
@@ -1064,7 +1103,7 @@ def _is_params(v) -> bool:
 
 def _is_signature(v) -> bool:
     return isinstance(v, dict) and _is_texts(v.get("accepts")) and \
-        isinstance(v.get("var_keywords"), bool)
+        isinstance(v.get("var_keywords"), bool) and _is_text(v.get("contract", ""))
 
 
 def _check_normalizer_description(channel: Channel, d: dict) -> None:

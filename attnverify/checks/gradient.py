@@ -501,13 +501,20 @@ def _short(row: Tensor, limit: int = 6) -> str:
     return f"[{values}{', …' if row.numel() > limit else ''}]"
 
 
-def _finite(grad: Tensor, z: Tensor) -> None:
+def _finite(grad: Tensor, z: Tensor, what: str = "the gradient (reverse mode, Jᵀu)",
+            weights: Tensor | None = None) -> None:
+    """A :class:`Violation` naming the first key where ``grad`` (``what``, one value per key) is
+    not finite, its score and, when they are not finite either, the row's weights."""
     bad = ~torch.isfinite(grad)
     if bool(bad.any()):
         r, k = divmod(int(bad.flatten().nonzero()[0]), z.shape[-1])
-        raise Violation(f"row {r}: the gradient is {float(grad[r, k])} at key {k} "
-                        f"(score {float(z[r, k])})", observed=math.inf, bound=0, ratio=math.inf,
-                        row=r)
+        note = ""
+        if weights is not None and not bool(torch.isfinite(weights[r]).all()):
+            note = f"; the weights of this row are {_short(weights[r])}"
+        raise Violation(f"row {r}: {what} is {float(grad[r, k])} at key {k} (score "
+                        f"{float(z[r, k]):.6g}), where the scores are finite: a derivative "
+                        f"must be a finite number there{note}",
+                        observed=math.inf, bound=0, ratio=math.inf, row=r)
 
 
 def _require_judged(diff: Difference, what: str) -> None:
@@ -546,7 +553,7 @@ def check_gradient(spec, case, ctx) -> float:
     step = _step(z, case.temperature, source.precision.step)
     v = _on_grid(z, v, step, source.precision)
     rev = (grad * v).sum(-1)
-    fwd, jv_norm, primal = _forward(f, scores, v, u)
+    fwd, jv_norm, primal = _forward(f, scores, v, u, z, source.own)
     if primal is not None:
         _same_values(primal, source.own, dtype, "in forward mode (torch.func.jvp)")
     diff = smooth_difference(None, z, v, u, step, precision=source.precision,
@@ -580,14 +587,18 @@ def _floor(weights: Tensor, step: Tensor, order: int, dtype, z: Tensor, precisio
     return floor + torch.finfo(dtype).tiny * norms / s ** order
 
 
-def _forward(f, z, v, u) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+def _forward(f, z, v, u, z64: Tensor | None = None, weights: Tensor | None = None
+             ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """``⟨u, Jv⟩`` by forward mode, ``‖Jv‖`` and the primal output, or ``(None, None, None)``
-    without forward mode."""
+    without forward mode; a ``Jv`` that is not finite at some key is a :class:`Violation`
+    naming the key (given ``z64``, the scores in float64)."""
     try:
         primal, jv = torch.func.jvp(f, (z,), (v.to(z.dtype),))
     except Exception:  # noqa: BLE001 - no forward mode (classic autograd.Function)
         return None, None, None
     jv = as_float64(jv)
+    if z64 is not None:
+        _finite(jv, z64, "the derivative by forward mode (torch.func.jvp, J·v)", weights)
     return (u * jv).sum(-1), torch.linalg.vector_norm(jv, dim=-1), primal
 
 
@@ -617,6 +628,18 @@ def _compare(rev: Tensor, fwd: Tensor | None, diff: Difference, *, scale: Tensor
         top = float(ratio.max()) if ratio.numel() else 0.0
         if top > 1:
             r = int(ratio.argmax())
+            if not (math.isfinite(float(a[r])) and math.isfinite(float(b[r]))):
+                nan, other = (name_a, name_b) if not math.isfinite(float(a[r])) else \
+                    (name_b, name_a)
+                value = float(a[r]) if nan == name_a else float(b[r])
+                raise Violation(
+                    f"row {r}: the {what} by {nan} is {value}, not a number, where {other} "
+                    f"give{'s' if other == 'forward mode' else ''} "
+                    f"{float(b[r]) if nan == name_a else float(a[r]):.9g} "
+                    f"({describe_dtype(dtype)}; random directions): a derivative must be "
+                    "finite where the scores are",
+                    observed=math.inf, bound=0, ratio=math.inf, row=r,
+                    judged_rows=int(diff.judged.sum()))
             raise Violation(
                 f"row {r}: the {what} by {name_a} is {float(a[r]):.9g} but {name_b} give"
                 f"{'s' if name_b == 'forward mode' else ''} {float(b[r]):.9g} "
