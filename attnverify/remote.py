@@ -88,6 +88,10 @@ class ContractBroken(TargetRaised):
 # The zygote
 
 
+#: The folder of the attnverify package this process imported (the zygote imports the same).
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(heartbeat.__file__))
+
+
 class Zygote:
     """A process that imported torch once and forks one worker per target
     (``python -m attnverify.worker zygote FD``, in a session of its own)."""
@@ -109,9 +113,16 @@ class Zygote:
         # the checker and the worker take turns: OpenMP threads that spin after a parallel
         # region would take the CPU from the other process (unless the user chose a policy)
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        boot = "import sys; from attnverify.worker import main; main(sys.argv[1:])"
+        # attnverify imported from the very folder the checker's came from: a folder named
+        # attnverify elsewhere on the path (the current directory that `python -c` puts first, a
+        # '.' that an import added to the checker's path) is never taken for the package
+        boot = ("import importlib.util, sys; sys.path[:] = [p for p in sys.path if p]; "
+                "d = sys.argv.pop(); s = importlib.util.spec_from_file_location('attnverify', "
+                "d + '/__init__.py', submodule_search_locations=[d]); "
+                "m = sys.modules['attnverify'] = importlib.util.module_from_spec(s); "
+                "s.loader.exec_module(m); from attnverify.worker import main; main(sys.argv[1:])")
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", boot, "zygote", str(child.fileno())],
+            [sys.executable, "-c", boot, "zygote", str(child.fileno()), _PACKAGE_DIR],
             pass_fds=[child.fileno()], start_new_session=True, close_fds=True,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env=env, cwd=os.getcwd())
@@ -338,7 +349,7 @@ class Channel:
                 describe = self.local.load(dict(self.load_message))
             except TargetImportFailed as exc:  # as behind the boundary: the target's failure
                 raised = TargetRaised(type(exc).__name__, str(exc))
-                raised.traceback = user_traceback(exc.__cause__ or exc)
+                raised.traceback = user_traceback(exc.__cause__ or exc.__context__ or exc)
                 raise raised from None
         else:
             self.pid, self.sock, sandbox = zygote().fork(memory_limit=self.device == "cpu")

@@ -412,6 +412,9 @@ class Server:
         if kind not in ("normalizer", "attention") or not isinstance(target, str) or \
                 not isinstance(params, dict):
             raise wire.ProtocolError("a load request without kind, target or params")
+        from attnverify.errors import check_not_shadowed
+
+        check_not_shadowed()  # a folder named attnverify in place of the package: exit 2
         if kind == "normalizer":
             from attnverify.registry import load_target
 
@@ -910,7 +913,7 @@ def serve(sock: socket.socket) -> None:
             kind = "usage" if _is_usage(exc) else "raised"
             reply = {"ok": False, "kind": kind, "type": name, "message": text}
             if kind == "raised":  # the target's import raised: where, in its own code
-                reply["traceback"] = user_traceback(exc.__cause__ or exc)
+                reply["traceback"] = user_traceback(exc.__cause__ or exc.__context__ or exc)
         except BaseException as exc:  # noqa: BLE001 - SystemExit from an import, say
             name, text = describe_exception(exc)
             reply = {"ok": False, "kind": "raised", "type": name, "message": text}
