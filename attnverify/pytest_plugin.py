@@ -57,7 +57,9 @@ _OPTIONS = [
     ("params", "ATTNVERIFY_PARAMS", "normalizer parameters k=v,k=v"),
     ("profile", "ATTNVERIFY_PROFILE", f"{' | '.join(PROFILE_NAMES)} (default {DEFAULT_PROFILE})"),
     ("seed", "ATTNVERIFY_SEED", "search seed (default 0)"),
-    ("max-examples", "ATTNVERIFY_MAX_EXAMPLES", "examples per property"),
+    ("max-examples", "ATTNVERIFY_MAX_EXAMPLES", "examples Hypothesis draws per property, "
+     "after the fixed battery of edge cases, which this does not bound (as certify "
+     "--max-examples)"),
     ("timeout", "ATTNVERIFY_TIMEOUT", "per-example time limit in seconds of the worker process "
      "each target runs in (default per profile)"),
     ("dtypes", "ATTNVERIFY_DTYPES", "default float32,float64"),

@@ -265,3 +265,36 @@ def test_the_plugins_test_ids_name_the_suite_outside_the_root(tmp_path):
     ids = [line for line in proc.stdout.splitlines() if "test_property[" in line]
     assert ids, proc.stdout + proc.stderr
     assert all(line.startswith("attnverify/properties/test_properties.py::") for line in ids)
+
+
+# --------------------------------------------------------------------------------------------
+# 12: what --max-examples bounds
+
+
+def test_the_help_of_max_examples_says_what_it_bounds(capsys):
+    with pytest.raises(SystemExit):
+        main(["certify", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "examples Hypothesis draws per property" in text
+    assert "fixed battery of edge cases" in text and "does not bound" in text
+
+
+# --------------------------------------------------------------------------------------------
+# 14: --no-progress and the model's loading bars
+
+
+def test_no_progress_silences_every_tqdm_bar_made_while_a_model_loads():
+    pytest.importorskip("transformers")
+    import io
+
+    from tqdm.auto import tqdm  # imported first, as transformers imports it before any load
+
+    from attnverify.empirical.pipeline import _quiet_loading
+
+    quiet, loud = io.StringIO(), io.StringIO()
+    with _quiet_loading(True):
+        for _ in tqdm(range(3), file=quiet, desc="Converting and de-quantizing GGUF tensors"):
+            pass
+    for _ in tqdm(range(3), file=loud, desc="after the load"):
+        pass
+    assert quiet.getvalue() == "" and "after the load" in loud.getvalue()
