@@ -31,7 +31,7 @@ from attnverify.checks.base import (
     positive_temperature,
 )
 from attnverify.checks.layout import space_of
-from attnverify.checks.shrink import shrink
+from attnverify.checks.shrink import Hung, shrink
 from attnverify.coverage import Coverage
 from attnverify.errors import UsageError, WorkerFailed
 from attnverify.registry import NormalizerSpec
@@ -410,6 +410,9 @@ def run_unit(
             result = _run_property(prop, spec, ctx, claimed, state, start)
     except WorkerFailed as exc:
         where = f" on example {state.examples}" if state.examples else ""
+        if exc.timed_out and state.last is not None:  # shrunk like any failure, in a budget
+            state.last, note = shrink_hang(prop, spec, ctx, state.last)
+            where += note
         return _finish(prop, claimed, "error", state, start,
                        f"the normalizer {exc.reason}{where}", None, spec, ctx)
     if monitor is not None and result.status in ("holds", "not_applicable"):
@@ -420,6 +423,48 @@ def run_unit(
             return _finish(prop, claimed, "violated", state, start, refusal_text(event.what),
                            None, spec, ctx)
     return result
+
+
+#: Per-example time limits a time-limit failure's shrink may spend on candidates that hang
+#: again (each costs one whole limit): the shrink stops there with the smallest hang so far.
+HANG_SHRINK_LIMITS = 4
+#: ... and at most this many seconds in all, whatever the limit.
+HANG_SHRINK_S = 120.0
+
+
+def shrink_hang(prop: Property, spec, ctx, case) -> tuple[Any, str]:
+    """``(case, note)``: the case that ran past the per-example time limit, shrunk like any
+    failure (:func:`attnverify.checks.shrink.shrink`) to the smallest that still runs past it.
+    A candidate that hangs costs the whole limit (and a fresh worker), so the shrink stops after
+    :data:`HANG_SHRINK_LIMITS` limits or :data:`HANG_SHRINK_S` seconds; candidates that return
+    cost what they take. ``note`` says what was done, for the result's message."""
+    limit = float(getattr(ctx, "timeout_s", 0.0) or 0.0)
+    if limit <= 0:
+        return case, ""
+    budget = min(HANG_SHRINK_LIMITS * limit, HANG_SHRINK_S)
+    deadline = time.monotonic() + budget
+    tried = []
+
+    def recheck(candidate):
+        if time.monotonic() + limit > deadline:
+            raise _ShrinkStopped()  # another hang would overrun the budget
+        tried.append(candidate)
+        heartbeat.example_started(candidate)
+        try:
+            prop.recheck(spec, candidate, ctx)
+        except WorkerFailed as failed:
+            if failed.timed_out:
+                raise Hung(failed.reason) from None
+            raise _ShrinkStopped() from None  # died another way: not the same failure
+        finally:
+            heartbeat.example_finished()
+
+    small, _ = shrink(recheck, case, Hung("the case in flight"), vary_temperature=False,
+                      budget_s=budget)
+    if small is case:
+        return case, ""
+    return small, f"; shrunk in {len(tried)} re-checks to the smallest case that still runs " \
+                  "past it"
 
 
 def refusal_text(what: str) -> str:

@@ -438,7 +438,7 @@ class Channel:
         except TimeoutError:
             self._discard()
             raise WorkerFailed(f"exceeded the per-example time limit of {self.timeout_s:g} s "
-                               "(--timeout)") from None
+                               "(--timeout)", timed_out=True) from None
         except OSError:
             raise self._dead() from None
         finally:
@@ -449,7 +449,8 @@ class Channel:
         except TimeoutError:
             self._discard()
             raise WorkerFailed(f"exceeded the per-example time limit of {self.timeout_s:g} s "
-                               "(--timeout; the time of its own calls on this example)") from None
+                               "(--timeout; the time of its own calls on this example)",
+                               timed_out=True) from None
         except (EOFError, OSError):
             raise self._dead() from None
         except wire.ProtocolError as exc:

@@ -298,3 +298,65 @@ def test_no_progress_silences_every_tqdm_bar_made_while_a_model_loads():
     for _ in tqdm(range(3), file=loud, desc="after the load"):
         pass
     assert quiet.getvalue() == "" and "after the load" in loud.getvalue()
+
+
+# --------------------------------------------------------------------------------------------
+# 8: a time-limit counterexample is shrunk, within a budget
+
+
+class _HangsFrom4:
+    """A property whose re-check "hangs" (runs past the limit) on any row of 4 keys or more,
+    each hang advancing a fake clock by the whole limit."""
+
+    def __init__(self, clock, limit):
+        self.clock, self.limit, self.hangs = clock, limit, 0
+
+    def recheck(self, spec, case, ctx):
+        from attnverify.errors import WorkerFailed
+
+        if case.scores.shape[-1] >= 4:
+            self.hangs += 1
+            self.clock[0] += self.limit
+            raise WorkerFailed("exceeded the per-example time limit", timed_out=True)
+        return 0.0
+
+
+def _hang_case():
+    scores = torch.randn(3, 9, generator=torch.Generator().manual_seed(0))
+    return RowCase(scores.to(torch.float32), None, "gaussian", 0)
+
+
+def test_a_time_limit_counterexample_is_shrunk_within_a_bounded_number_of_limits(monkeypatch):
+    import attnverify.certify as C
+
+    clock = [0.0]
+    monkeypatch.setattr(C.time, "monotonic", lambda: clock[0])
+    ctx = make_context("dev", timeout=5)
+    prop = _HangsFrom4(clock, ctx.timeout_s)
+    small, note = C.shrink_hang(prop, None, ctx, _hang_case())
+    assert prop.hangs <= C.HANG_SHRINK_LIMITS  # each hang costs a whole limit: bounded
+    assert small.scores.shape[-1] < 9 and "shrunk" in note
+    # with room for it, the shrink reaches the smallest hang: one row of four zeros
+    monkeypatch.setattr(C, "HANG_SHRINK_LIMITS", 100)
+    monkeypatch.setattr(C, "HANG_SHRINK_S", 1e9)
+    small, _ = C.shrink_hang(_HangsFrom4(clock, ctx.timeout_s), None, ctx, _hang_case())
+    assert small.scores.tolist() == [[0.0, 0.0, 0.0, 0.0]]
+
+
+def test_a_target_that_hangs_is_reported_on_its_shrunk_case(user_file):
+    from attnverify import isolation, remote
+    from attnverify.certify import run_property
+    from attnverify.checks import PROPERTIES
+
+    user_file.write_text(USER_CODE + "\n\ndef hang(scores, dim=-1):\n    import time\n"
+                         "    while scores.shape[dim] >= 4:\n        time.sleep(0.01)\n"
+                         "    return torch.softmax(scores, dim=dim)\n")
+    ctx = make_context("dev", timeout=1, isolation=True, max_examples=5)
+    spec = remote.open_normalizer(f"{user_file}:hang", {}, ctx)
+    try:
+        res = run_property(PROPERTIES["shape"], spec, ctx)
+    finally:
+        isolation.close(spec)
+        remote.shutdown()
+    assert res.status == "error" and "time limit" in res.message and "shrunk" in res.message
+    assert res.counterexample["scores"] == [[0.0, 0.0, 0.0, 0.0]]
