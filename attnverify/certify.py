@@ -435,14 +435,20 @@ HANG_SHRINK_S = 120.0
 def shrink_hang(prop: Property, spec, ctx, case) -> tuple[Any, str]:
     """``(case, note)``: the case that ran past the per-example time limit, shrunk like any
     failure (:func:`attnverify.checks.shrink.shrink`) to the smallest that still runs past it.
-    A candidate that hangs costs the whole limit (and a fresh worker), so the shrink stops after
-    :data:`HANG_SHRINK_LIMITS` limits or :data:`HANG_SHRINK_S` seconds; candidates that return
+    A candidate that hangs costs the whole limit (and a fresh worker), so the shrinks of one
+    target's run stop after :data:`HANG_SHRINK_LIMITS` limits or :data:`HANG_SHRINK_S` seconds
+    in all (a later property that hangs reports its case as it was); candidates that return
     cost what they take. ``note`` says what was done, for the result's message."""
     limit = float(getattr(ctx, "timeout_s", 0.0) or 0.0)
-    if limit <= 0:
+    # one budget per target (its worker's monitor), so a target that hangs on every input
+    # costs a few limits more in all, not a few per property
+    monitor = monitor_of(spec)
+    spent = getattr(monitor, "hang_shrink_s", 0.0)
+    budget = min(HANG_SHRINK_LIMITS * limit, HANG_SHRINK_S) - spent
+    if limit <= 0 or budget < limit:
         return case, ""
-    budget = min(HANG_SHRINK_LIMITS * limit, HANG_SHRINK_S)
-    deadline = time.monotonic() + budget
+    began = time.monotonic()
+    deadline = began + budget
     tried = []
 
     def recheck(candidate):
@@ -459,8 +465,12 @@ def shrink_hang(prop: Property, spec, ctx, case) -> tuple[Any, str]:
         finally:
             heartbeat.example_finished()
 
-    small, _ = shrink(recheck, case, Hung("the case in flight"), vary_temperature=False,
-                      budget_s=budget)
+    try:
+        small, _ = shrink(recheck, case, Hung("the case in flight"), vary_temperature=False,
+                          budget_s=budget)
+    finally:
+        if monitor is not None:
+            monitor.hang_shrink_s = spent + time.monotonic() - began
     if small is case:
         return case, ""
     return small, f"; shrunk in {len(tried)} re-checks to the smallest case that still runs " \

@@ -286,6 +286,9 @@ class Monitor:
         self.sandboxes: list[str] = []
         #: Calls that wrote into their inputs (also in :attr:`refused`).
         self.mutated: list[Event] = []
+        #: Seconds spent shrinking cases that ran past the time limit (one budget per target:
+        #: :func:`attnverify.certify.shrink_hang`).
+        self.hang_shrink_s = 0.0
         self.calls = 0
         #: Reads every earlier input still in the shared memory back again (the channel's
         #: :meth:`Channel._check_late`), so that a late write is among :attr:`effects`.
