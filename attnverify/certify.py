@@ -31,7 +31,7 @@ from attnverify.checks.base import (
     positive_temperature,
 )
 from attnverify.checks.layout import space_of
-from attnverify.checks.shrink import shrink
+from attnverify.checks.shrink import Hung, shrink
 from attnverify.coverage import Coverage
 from attnverify.coverage import recording as coverage_recording
 from attnverify.errors import TargetFailedInFull, UsageError, WorkerFailed
@@ -64,11 +64,17 @@ class PropertyResult:
     #: Its units (:mod:`attnverify.shard`), one per dtype, in order: ``(dtype, result)``, the
     #: result ``None`` for a unit not run (another shard's, or a missing shard's).
     units: list = field(default_factory=list)
+    #: Where the target raised, in its own code (an ``error`` because it raised): the lines of
+    #: its traceback without attnverify's frames, as its worker sent them (``certify
+    #: --traceback`` shows them); ``None``: it did not raise. In the JSON only when set.
+    traceback: list[str] | None = None
 
     def to_json(self, *, partial: bool = False) -> dict[str, Any]:
         """The result; ``partial``: each unit with its whole result, for ``merge``."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.name != "units"}  # plain JSON values already; units below
+        if out["traceback"] is None:
+            del out["traceback"]
         if out["worst_ratio"] is not None:
             out["worst_ratio"] = number(out["worst_ratio"])  # one encoding: "inf", not 1e308
         out["elapsed_s"] = round(self.elapsed_s, 4)
@@ -128,13 +134,20 @@ def combine(prop_id: str, claimed: bool, units: list, *, missing: str = "") -> P
     return PropertyResult(
         property=prop_id, claimed=claimed, status=top,
         examples=sum(r.examples for r in ran),
-        worst_ratio=max(worst) if worst else None,
+        worst_ratio=_largest(worst) if worst else None,
         counterexample=chosen.counterexample if top in ("violated", "error") else None,
         message=message,
         elapsed_s=sum(r.elapsed_s for r in ran),
         coverage=merge_coverage(blocks),
         units=list(units),
+        traceback=chosen.traceback if top in ("violated", "error") and chosen else None,
     )
+
+
+def _largest(ratios: list) -> float:
+    """The largest of ``ratios``, NaN when one is NaN (``max`` would skip it by position)."""
+    values = [float(r) for r in ratios]
+    return math.nan if any(math.isnan(v) for v in values) else max(values)
 
 
 @dataclass
@@ -439,6 +452,9 @@ def run_unit(
                        None, spec, ctx)
     except WorkerFailed as exc:
         where = f" on example {state.examples}" if state.examples else ""
+        if exc.timed_out and state.last is not None:  # shrunk like any failure, in a budget
+            state.last, note = shrink_hang(prop, spec, ctx, state.last)
+            where += note
         return _finish(prop, claimed, "error", state, start,
                        f"the normalizer {exc.reason}{where}", None, spec, ctx)
     if monitor is not None and result.status in ("holds", "not_applicable"):
@@ -450,6 +466,58 @@ def run_unit(
             return _finish(prop, claimed, "violated", state, start, refusal_text(event.what),
                            None, spec, ctx)
     return result
+
+
+#: Per-example time limits a time-limit failure's shrink may spend on candidates that hang
+#: again (each costs one whole limit): the shrink stops there with the smallest hang so far.
+HANG_SHRINK_LIMITS = 4
+#: ... and at most this many seconds in all, whatever the limit.
+HANG_SHRINK_S = 120.0
+
+
+def shrink_hang(prop: Property, spec, ctx, case) -> tuple[Any, str]:
+    """``(case, note)``: the case that ran past the per-example time limit, shrunk like any
+    failure (:func:`attnverify.checks.shrink.shrink`) to the smallest that still runs past it.
+    A candidate that hangs costs the whole limit (and a fresh worker), so the shrinks of one
+    target's run stop after :data:`HANG_SHRINK_LIMITS` limits or :data:`HANG_SHRINK_S` seconds
+    in all (a later property that hangs reports its case as it was); candidates that return
+    cost what they take. ``note`` says what was done, for the result's message."""
+    limit = float(getattr(ctx, "timeout_s", 0.0) or 0.0)
+    # one budget per target (its worker's monitor), so a target that hangs on every input
+    # costs a few limits more in all, not a few per property
+    monitor = monitor_of(spec)
+    spent = getattr(monitor, "hang_shrink_s", 0.0)
+    budget = min(HANG_SHRINK_LIMITS * limit, HANG_SHRINK_S) - spent
+    if limit <= 0 or budget < limit:
+        return case, ""
+    began = time.monotonic()
+    deadline = began + budget
+    tried = []
+
+    def recheck(candidate):
+        if time.monotonic() + limit > deadline:
+            raise _ShrinkStopped()  # another hang would overrun the budget
+        tried.append(candidate)
+        heartbeat.example_started(candidate)
+        try:
+            prop.recheck(spec, candidate, ctx)
+        except WorkerFailed as failed:
+            if failed.timed_out:
+                raise Hung(failed.reason) from None
+            raise _ShrinkStopped() from None  # died another way: not the same failure
+        finally:
+            heartbeat.example_finished()
+
+    try:
+        small, _ = shrink(recheck, case, Hung("the case in flight"), vary_temperature=False,
+                          budget_s=budget)
+    finally:
+        if monitor is not None:
+            monitor.hang_shrink_s = spent + time.monotonic() - began
+    if small is case:
+        return case, ""
+    return small, f"; shrunk in {len(tried)} re-checks to the smallest case that still runs " \
+                  "past it"
 
 
 def refusal_text(what: str) -> str:
@@ -518,7 +586,10 @@ def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
         message = f"no valid case: {exc}"
     else:
         message = f"internal error in attnverify ({type(exc).__name__}: {_first_line(exc)})"
-    return _finish(prop, claimed, "error", state, start, message, None, spec, ctx)
+    result = _finish(prop, claimed, "error", state, start, message, None, spec, ctx)
+    if isinstance(exc, NormalizerError):  # where in its own code (remote.TargetRaised)
+        result.traceback = getattr(exc.cause, "traceback", None) or None
+    return result
 
 
 def _decide_deferred(state: _State):
@@ -708,8 +779,8 @@ def _finish(prop, claimed, status, state, start, message, violation, spec, ctx) 
     if status in ("violated", "error") and state.last is not None:
         counterexample = describe_case(state.last, spec)
         case_json = dict(counterexample)
-        if violation is not None:
-            worst = max(worst, violation.ratio)
+        if violation is not None:  # a ratio that is not a number (NaN weights) stays one
+            worst = _largest([worst, violation.ratio])
             counterexample.update(jsonable({
                 "observed": violation.observed, "bound": violation.bound,
                 "ratio": violation.ratio, **violation.details,

@@ -3,21 +3,61 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Callable
 
 from attnverify import settings
-from attnverify.errors import UsageError
+from attnverify.errors import UsageError, check_not_shadowed
 
 EXIT_OK, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with usage errors raised as :class:`UsageError` (one line, exit 2)."""
+    """argparse with usage errors raised as :class:`UsageError` (one line, exit 2); an unknown
+    option or command gets the closest known one suggested, and the help of the subcommand it
+    was given to."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
         raise UsageError(f"{message} (see '{self.prog} --help')")
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._unknown(parsed, extras)
+        return parsed
+
+    def _unknown(self, parsed, extras: list[str]):
+        """A usage error for the arguments no parser took: the first option-like one with the
+        closest option of the subcommand it was given to (``--profle`` → ``--profile``)."""
+        sub = self._subparser(getattr(parsed, "command", None))
+        parser = sub or self
+        option = next((e for e in extras if e.startswith("-") and e != "-"), None)
+        if option is None:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        name = option.split("=", 1)[0]
+        known = [o for action in parser._actions for o in action.option_strings
+                 if o.startswith("--")] if name.startswith("--") else \
+            [o for action in parser._actions for o in action.option_strings]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f": did you mean {close[0]}?" if close else ""
+        parser.error(f"unrecognized option {name}{hint}")
+
+    def _subparser(self, command: str | None):
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and command:
+                return action.choices.get(command)
+        return None
+
+    def _check_value(self, action, value):
+        if action.choices is not None and value not in action.choices and \
+                isinstance(action, argparse._SubParsersAction):
+            close = difflib.get_close_matches(str(value), list(action.choices), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            self.error(f"unknown command {value!r}{hint} (commands: "
+                       f"{', '.join(action.choices)})")
+        return super()._check_value(action, value)
 
 
 def _cmd_list(args) -> int:
@@ -102,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     try:
+        check_not_shadowed()  # a folder named attnverify imported in place of the package
         parser, commands = build_parser()
         args = parser.parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # certify --jobs runs it again
@@ -112,19 +153,31 @@ def _main(argv: list[str] | None) -> int:
         from attnverify.commands import triton_mode  # loaded with the parser, on dispatch
 
         with triton_mode(args):
-            return int(commands[args.command][2](args))
+            code = int(commands[args.command][2](args))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+        return code
     except UsageError as exc:
         print(f"attnverify: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("attnverify: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader went away (attnverify list | head): no traceback
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
-        return EXIT_USAGE
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of the output went away (``attnverify list | head -2``): not the user's error
+    and nothing to report. What is still buffered for the closed pipe goes to ``/dev/null`` (so
+    that the interpreter's last flush raises nothing either) and the exit is 0: whatever the
+    command writes to files it wrote before it printed."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

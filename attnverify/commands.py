@@ -90,13 +90,23 @@ def _max_length(text: str) -> int:
     return _argument_type(check_max_length)(text)
 
 
+#: What certify's --max-examples bounds, in its help (and docs/USAGE.md): the search, not the
+#: fixed battery of edge cases every property checks first.
+CERTIFY_EXAMPLES = ("examples Hypothesis draws per property, shared among its dtypes (default "
+                    "per profile: " + ", ".join(f"{k} {v['max_examples']}" for k, v in
+                                               PROFILES.items()) +
+                    "); each property first checks a fixed battery of edge cases (tens of "
+                    "inputs) that this does not bound, so the 'examples' a table counts are "
+                    "more")
+
+
 def _add_search_options(p: argparse.ArgumentParser,
-                        examples: str = "examples per property") -> None:
+                        examples: str = CERTIFY_EXAMPLES) -> None:
     p.add_argument("--params", default=None, help="normalizer parameters, k=v,k=v")
     p.add_argument("--profile", choices=PROFILE_CHOICES, default=None,
                    help="search budget (default: $ATTNVERIFY_PROFILE or ci)")
     p.add_argument("--max-examples", type=_positive_int, default=None,
-                   help=f"{examples}, 1 to {MAX_EXAMPLES_LIMIT} (overrides the profile)")
+                   help=f"{examples}; 1 to {MAX_EXAMPLES_LIMIT} (overrides the profile)")
     p.add_argument("--seed", type=_seed, default=0, help="seed of the search, 0 to 2**64-1 "
                    "(default 0), or 'random': a fresh seed, recorded in the results and in every "
                    "repro line")
@@ -163,6 +173,9 @@ def _certify_args(p: argparse.ArgumentParser) -> None:
                    help="file of TARGET::PROPERTY patterns (* ? [] allowed; # comments) expected "
                    "to fail; an entry that matches nothing, or every id, is an error")
     p.add_argument("--quiet", action="store_true", help="print only the verdict lines")
+    p.add_argument("--traceback", action="store_true",
+                   help="where a target raised, print its traceback (its own frames; the JSON "
+                   "certificate always holds it)")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="run shard K of N (units of target x property x dtype x device, "
                    "partitioned by their ci cost) and write a partial certificate for "
@@ -313,8 +326,9 @@ def _run_quantities(args) -> int:
 def _falsify_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", metavar="TARGET")
     p.add_argument("inequality", metavar="INEQUALITY", help='e.g. "jacobian_spectral <= 1/(4*T)"')
-    _add_search_options(p, examples="evaluations of the inequality the search may spend "
-                        f"(default per profile: {_FALSIFY_EVALUATIONS})")
+    _add_search_options(p, examples="evaluations of the inequality the search may spend, its "
+                        "extremal battery included (default per profile: "
+                        f"{_FALSIFY_EVALUATIONS})")
     p.add_argument("--budget", type=_budget, default=None, metavar="SECONDS",
                    help="time cap of the search (default per profile: "
                    f"{_FALSIFY_SECONDS}); the evaluations cap binds first on a normal run")

@@ -1,5 +1,7 @@
 """Errors that the command line turns into a one-line message and exit code 2."""
 
+import sys
+
 
 class UsageError(Exception):
     """Bad input from the user: unknown target, bad parameter, unreadable file.
@@ -26,9 +28,12 @@ class WorkerFailed(BaseException):
     (Hypothesis included) retries or shrinks it: the property that was running fails at once
     with the case in flight, and the next call starts a fresh worker."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, *, timed_out: bool = False):
         super().__init__(reason)
         self.reason = reason
+        #: It ran past the per-example time limit (a hang, which a shrink may reproduce).
+        self.timed_out = timed_out
+
 
 
 class TargetFailedInFull(WorkerFailed):
@@ -37,3 +42,16 @@ class TargetFailedInFull(WorkerFailed):
     started, and each property still to run ends in ``error`` without a case. A target that
     crashes, hangs or breaks the protocol on every call costs its first few failures, not one
     per property."""
+
+def check_not_shadowed() -> None:
+    """A :class:`UsageError` when the ``attnverify`` Python imported is not this package but a
+    directory of that name without ``__init__.py`` that came first on the import path (a clone's
+    folder, when attnverify runs from the clone's parent with ``python -m`` or a script there):
+    its submodules still import, but ``from attnverify import Kernel`` fails deep inside a run."""
+    package = sys.modules.get("attnverify")
+    if package is None or getattr(package, "__file__", None):
+        return
+    where = next(iter(getattr(package, "__path__", None) or []), "a directory named attnverify")
+    raise UsageError(f"the directory {where} shadows the attnverify package (Python found it "
+                     "first on its import path, from the current directory or PYTHONPATH): run "
+                     "from another directory, or rename that one")

@@ -34,12 +34,14 @@ def _load_failure(label: str, exc: BaseException):
 
     if isinstance(exc, WorkerFailed):
         message = f"loading the target {exc.reason}"
-    elif getattr(exc, "remote_type", None) == "TargetImportFailed":
+    elif getattr(exc, "remote_type", None) == "TargetImportFailed" or \
+            isinstance(exc, remote.ContractBroken):
         message = f"loading the target failed: {exc}"
     else:
         message = f"loading the target raised {getattr(exc, 'remote_type', type(exc).__name__)}" \
                   f": {exc}"
-    return PropertyResult("load", True, "error", message=message)
+    return PropertyResult("load", True, "error", message=message,
+                          traceback=getattr(exc, "traceback", None) or None)
 
 
 def open_targets(targets: list[str], params: dict, ctx, *, attention: bool = False) -> list:

@@ -19,6 +19,8 @@ import sys
 
 from attnverify import wire
 
+#: The folder of this attnverify package, from which the zygote imports it.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 #: The spawned zygote not yet adopted: ``(process, channel, pid of the process that spawned it)``.
 _EARLY: list = []
 
@@ -35,9 +37,16 @@ def spawn() -> tuple[subprocess.Popen, socket.socket]:
     # the checker and the worker take turns: OpenMP threads that spin after a parallel
     # region would take the CPU from the other process (unless the user chose a policy)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    boot = "import sys; from attnverify.worker import main; main(sys.argv[1:])"
+    # attnverify imported from the very folder the checker's came from: a folder named
+    # attnverify elsewhere on the path (the current directory that `python -c` puts first, a
+    # '.' that an import added to the checker's path) is never taken for the package
+    boot = ("import importlib.util, sys; sys.path[:] = [p for p in sys.path if p]; "
+            "d = sys.argv.pop(); s = importlib.util.spec_from_file_location('attnverify', "
+            "d + '/__init__.py', submodule_search_locations=[d]); "
+            "m = sys.modules['attnverify'] = importlib.util.module_from_spec(s); "
+            "s.loader.exec_module(m); from attnverify.worker import main; main(sys.argv[1:])")
     proc = subprocess.Popen(
-        [sys.executable, "-c", boot, "zygote", str(child.fileno())],
+        [sys.executable, "-c", boot, "zygote", str(child.fileno()), _PACKAGE_DIR],
         pass_fds=[child.fileno()], start_new_session=True, close_fds=True,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env=env, cwd=os.getcwd())

@@ -57,7 +57,9 @@ _OPTIONS = [
     ("params", "ATTNVERIFY_PARAMS", "normalizer parameters k=v,k=v"),
     ("profile", "ATTNVERIFY_PROFILE", f"{' | '.join(PROFILE_NAMES)} (default {DEFAULT_PROFILE})"),
     ("seed", "ATTNVERIFY_SEED", "search seed (default 0)"),
-    ("max-examples", "ATTNVERIFY_MAX_EXAMPLES", "examples per property"),
+    ("max-examples", "ATTNVERIFY_MAX_EXAMPLES", "examples Hypothesis draws per property, "
+     "after the fixed battery of edge cases, which this does not bound (as certify "
+     "--max-examples)"),
     ("timeout", "ATTNVERIFY_TIMEOUT", "per-example time limit in seconds of the worker process "
      "each target runs in (default per profile)"),
     ("dtypes", "ATTNVERIFY_DTYPES", "default float32,float64"),
@@ -123,6 +125,32 @@ def _suite_in_args(config) -> bool:
         if path == SUITE.resolve() or path.name == "properties" or "properties" in path.parts:
             return True
     return False
+
+
+def _suite_ids() -> dict[Path, str]:
+    """The suites the plugin brings, each with the path its test ids start with when pytest
+    runs outside the tree that holds it (``attnverify/properties/test_properties.py::…``)."""
+    import attnverify  # the attention suite's path without importing it (and torch)
+
+    attention = Path(attnverify.__file__).resolve().parent / "attention" / "suite.py"
+    return {SUITE.resolve(): "attnverify/properties/test_properties.py",
+            attention: "attnverify/attention/suite.py"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path, parent):
+    """A suite the plugin added from outside pytest's root directory gets a node id that names
+    it: pytest would otherwise give a path it was handed alone the empty id, and every test id
+    would start with ``::`` (``::test_property[mypkg.mynorms:fn::finite]``)."""
+    path = Path(module_path).resolve()
+    name = _suite_ids().get(path)
+    if name is None:
+        return None
+    try:
+        path.relative_to(parent.config.rootpath)
+        return None  # inside the root: pytest's own id (properties/test_properties.py::…)
+    except ValueError:
+        return pytest.Module.from_parent(parent, path=Path(module_path), nodeid=name)
 
 
 #: Per-test result records, gathered on the controller (or the only process when serial).

@@ -82,8 +82,19 @@ class TargetRaised(Exception):
         self.remote_type = remote_type or "Exception"
 
 
+class ContractBroken(TargetRaised):
+    """The target (or its own reference) cannot be called as ``fn(scores, dim=-1, **params)``:
+    found from its signature when it is loaded, so it fails ``load`` once instead of every
+    property raising the same ``TypeError``."""
+
+    def __init__(self, message: str):
+        super().__init__("TypeError", message)
+        self.reason = f"failed: {message}"
+
+
 # --------------------------------------------------------------------------------------------
 # The zygote
+
 
 
 class Zygote:
@@ -272,6 +283,9 @@ class Monitor:
         self.mutated: list[Event] = []
         #: Warnings the target's calls raised (the worker's word, made printable), once each.
         self.warnings: list[str] = []
+        #: Seconds spent shrinking cases that ran past the time limit (one budget per target:
+        #: :func:`attnverify.certify.shrink_hang`).
+        self.hang_shrink_s = 0.0
         self.calls = 0
         #: Reads every earlier input still in the shared memory back again (the channel's
         #: :meth:`Channel._check_late`), so that a late write is among :attr:`effects`.
@@ -345,7 +359,8 @@ _REPLY_KEYS = {
     "vjp2": {"id", "ok", "side_effects", "warnings"},
     "jvp": {"id", "ok", "side_effects", "warnings"},
 }
-_ERROR_KEYS = {"id", "ok", "kind", "type", "message", "side_effects", "index"}
+_ERROR_KEYS = {"id", "ok", "kind", "type", "message", "side_effects", "index",
+               "traceback"}
 #: Distinct warnings of a target kept for its report.
 MAX_WARNINGS = 20
 
@@ -398,13 +413,15 @@ class Channel:
         self.monitor.history.clear()
         if not self.isolated:
             from attnverify.errors import TargetImportFailed
-            from attnverify.worker import Server
+            from attnverify.worker import Server, user_traceback
 
             self.local = Server()
             try:
                 describe = self.local.load(dict(self.load_message))
             except TargetImportFailed as exc:  # as behind the boundary: the target's failure
-                raise TargetRaised(type(exc).__name__, str(exc)) from None
+                raised = TargetRaised(type(exc).__name__, str(exc))
+                raised.traceback = user_traceback(exc.__cause__ or exc.__context__ or exc)
+                raise raised from None
         else:
             self.pid, self.sock, sandbox = zygote().fork(memory_limit=self.device == "cpu")
             self.monitor.pids.append(self.pid)
@@ -491,8 +508,8 @@ class Channel:
             wire.send(sock, message, tuple(fds))
         except TimeoutError:
             self._discard()
-            raise _timed_out(f"exceeded the per-example time limit of {self.timeout_s:g} s "
-                             "(--timeout)") from None
+            raise WorkerFailed(f"exceeded the per-example time limit of {self.timeout_s:g} s "
+                               "(--timeout)", timed_out=True) from None
         except OSError:
             raise self._dead() from None
         finally:
@@ -502,8 +519,9 @@ class Channel:
             reply = _receive(sock, deadline)
         except TimeoutError:
             self._discard()
-            raise _timed_out(f"exceeded the per-example time limit of {self.timeout_s:g} s "
-                             "(--timeout; the time of its own calls on this example)") from None
+            raise WorkerFailed(f"exceeded the per-example time limit of {self.timeout_s:g} s "
+                               "(--timeout; the time of its own calls on this example)",
+                               timed_out=True) from None
         except (EOFError, OSError):
             raise self._dead() from None
         except wire.ProtocolError as exc:
@@ -672,7 +690,8 @@ class Channel:
         except (worker.Raised, worker.Border) as exc:
             if isinstance(exc, worker.Raised):
                 name, text = worker.describe_exception(exc.cause)
-                reply = {"ok": False, "kind": "raised", "type": name, "message": text}
+                reply = {"ok": False, "kind": "raised", "type": name, "message": text,
+                         "traceback": worker.user_traceback(exc.cause)}
             else:
                 reply = {"ok": False, "kind": "border", "type": "", "message": str(exc)}
             reply["side_effects"] = list(getattr(exc, "side_effects", []))
@@ -744,13 +763,20 @@ class Channel:
             raise UsageError(text)
         raised = TargetRaised(name, text)
         raised.index = index
+        raised.traceback = _traceback(reply)
+        if raised.traceback is None:
+            self._fail("answered with a malformed traceback")
         raise raised
 
 
-def _timed_out(reason: str) -> WorkerFailed:
-    exc = WorkerFailed(reason)
-    exc.timed_out = True
-    return exc
+def _traceback(reply: dict) -> list[str] | None:
+    """The target's traceback in an answer (lines of text, made printable: the code under
+    test's word, shown with ``--traceback``), ``[]`` without one, ``None`` when malformed."""
+    lines = reply.get("traceback", [])
+    if not isinstance(lines, list) or len(lines) > 100 or \
+            not all(isinstance(line, str) for line in lines):
+        return None
+    return [printable(line, 300) for line in lines]
 
 
 def _same_bytes(arena, slot, t: torch.Tensor) -> bool:
@@ -989,8 +1015,8 @@ class RemoteFunction:
         self.same_dtype = same_dtype
         self.__name__ = self.__qualname__ = name
         self.__doc__ = f"{name}, called in its worker process"
-        names = [n for n in signature.get("accepts", []) if isinstance(n, str)
-                 and n.isidentifier()]
+        names = [n for n in dict.fromkeys(signature.get("accepts", [])) if isinstance(n, str)
+                 and n.isidentifier() and n not in ("scores", "dim", "params")]
         params = [inspect.Parameter("scores", inspect.Parameter.POSITIONAL_OR_KEYWORD),
                   inspect.Parameter("dim", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=-1)]
         params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
@@ -1121,6 +1147,7 @@ def _open_normalizer(channel: Channel, target: str):
 
     d = _described(channel)
     _check_normalizer_description(channel, d)
+    _check_contract(d)
     fn = RemoteFunction(channel, "target", d["id"], d["params"], d["signature"])
     kernel = None
     if d["kernel"] is not None:
@@ -1135,6 +1162,18 @@ def _open_normalizer(channel: Channel, target: str):
     spec = NormalizerSpec(id=d["id"], fn=fn, kernel=kernel, params=dict(d["params"]),
                           claims=tuple(d["claims"]), reference=None, **extra, target=target)
     return dataclasses.replace(spec, reference=_reference(channel, d["reference"]))
+
+
+def _check_contract(d: dict) -> None:
+    """Raise :class:`ContractBroken` when the description says the target, or the reference it
+    brings, cannot take the call ``fn(scores, dim=-1, **params)`` (a signature without ``dim``,
+    say): one ``load`` failure naming the contract, not one ``TypeError`` per property."""
+    problem = d["signature"].get("contract", "")
+    ref = d["reference"]
+    if not problem and isinstance(ref, dict) and ref.get("kind") == "own" and ref.get("contract"):
+        problem = f"its reference {ref['contract']}"
+    if problem:
+        raise ContractBroken(printable(problem))
 
 
 def _tuple(value):
@@ -1181,7 +1220,7 @@ def _is_params(v) -> bool:
 
 def _is_signature(v) -> bool:
     return isinstance(v, dict) and _is_texts(v.get("accepts")) and \
-        isinstance(v.get("var_keywords"), bool)
+        isinstance(v.get("var_keywords"), bool) and _is_text(v.get("contract", ""))
 
 
 def _check_normalizer_description(channel: Channel, d: dict) -> None:

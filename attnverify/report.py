@@ -98,10 +98,31 @@ def write_json(path: str, data: dict[str, Any]) -> None:
 
 def _ratio(value) -> str:
     if value is None:
-        return "-"
+        return "—"
     if isinstance(value, str):  # "inf" / "nan" (attnverify.serialize.number)
         return value
     return f"{value:.3g}"
+
+
+def ratio_cell(r: dict) -> str:
+    """The worst ratio (observed ÷ allowed) of a result as a table shows it: only where it
+    means something. A property that holds shows its worst ratio; a violation the ratio of its
+    counterexample when that is a number above 1, ``inf`` or ``nan`` (a value that is not a
+    number cannot be compared with its bound), else ``—``, so that no ratio below 1, which reads
+    as "holds", stands next to VIOLATED; an error, a property not applicable or not run ``—``."""
+    status = r["status"]
+    if status == "holds":
+        return _ratio(r.get("worst_ratio"))
+    if status != "violated":
+        return "—"
+    ce = r.get("counterexample") or {}
+    ratio = ce.get("ratio")
+    if isinstance(ratio, str):
+        return ratio
+    if isinstance(ratio, (int, float)) and ratio > 1:
+        worst = r.get("worst_ratio")
+        return _ratio(worst if isinstance(worst, (int, float)) and worst >= ratio else ratio)
+    return "—"
 
 
 def _status_cell(r) -> str:
@@ -109,8 +130,9 @@ def _status_cell(r) -> str:
             "not_applicable": "n/a", "not_checked": "NOT RUN"}[r["status"]]
 
 
-def terminal_table(data: dict[str, Any]) -> str:
-    """Readable table per target with a verdict line and, per violation, witness and repro."""
+def terminal_table(data: dict[str, Any], *, tracebacks: bool = False) -> str:
+    """Readable table per target with a verdict line and, per violation, witness and repro
+    (``tracebacks``: and the target's own traceback where it raised)."""
     lines = []
     for target in data["targets"]:
         lines.append(f"== {target['target']}  ({', '.join(target['claims']) or 'no claims'})")
@@ -123,7 +145,7 @@ def terminal_table(data: dict[str, Any]) -> str:
         rows = [("property", "claimed", "status", "examples", "worst ratio", "time")]
         for r in target["results"]:
             rows.append((r["property"], "yes" if r["claimed"] else "no", _status_cell(r),
-                         str(r["examples"]), _ratio(r["worst_ratio"]), f"{r['elapsed_s']:.2f}s"))
+                         str(r["examples"]), ratio_cell(r), f"{r['elapsed_s']:.2f}s"))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         for i, row in enumerate(rows):
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
@@ -131,7 +153,7 @@ def terminal_table(data: dict[str, Any]) -> str:
                 lines.append("  " + "  ".join("-" * w for w in widths))
         for r in target["results"]:
             if r["status"] in ("violated", "error"):
-                lines.extend(_violation_lines(r))
+                lines.extend(_violation_lines(r, tracebacks))
             elif r["status"] == "not_applicable" and r["claimed"]:
                 lines.append(f"  note: {r['property']} not applicable: {r['message']}")
             elif r["status"] == "not_checked":
@@ -170,10 +192,15 @@ def kernel_lines(target: dict[str, Any]) -> list[str]:
     ref = str(rec.get("reference") or "")
     how = "eager attention with" if ref in builtin_ids() else "the built-in attention target"
     where = "attnverify's process" if target.get("reference_owner") == "checker" else "its worker"
-    out = [f"kernel: declares normalizer {rec.get('normalizer')}{mod}",
-           f"reference (float64): {how} {ref}, named by "
-           f"{REFERENCE_BY.get(rec.get('reference_by'), rec.get('reference_by'))}, evaluated in "
-           f"{where}"]
+    if rec.get("normalizer_declared", True):
+        kernel = f"kernel: declares normalizer {rec.get('normalizer')}{mod}"
+    else:  # a plain function: what was assumed, and how to say otherwise
+        kernel = (f"kernel: declares nothing; checked as normalizer {rec.get('normalizer')}{mod} "
+                  "(SDPA's, assumed: declare another with attention_spec(fn, normalizer=...))")
+    by = REFERENCE_BY.get(rec.get("reference_by"), rec.get("reference_by"))
+    if rec.get("reference_by") == "normalizer" and not rec.get("normalizer_declared", True):
+        by = "the assumed normalizer"
+    out = [kernel, f"reference (float64): {how} {ref}, named by {by}, evaluated in {where}"]
     if ref in builtin_ids() and ref != rec.get("normalizer"):
         out.append(f"note: the reference {ref} is not the normalizer the kernel declares "
                    f"({rec.get('normalizer')})")
@@ -278,8 +305,14 @@ def sequence_text(steps: list) -> str:
             f"first: {', '.join(parts)} (the repro replays them)")
 
 
-def _violation_lines(r: dict[str, Any]) -> list[str]:
+def _violation_lines(r: dict[str, Any], tracebacks: bool = False) -> list[str]:
     out = [f"  {r['property']}: {r['message']}"]
+    if r.get("traceback"):
+        if tracebacks:
+            out.append("    traceback (the target's own frames, most recent call last):")
+            out.extend(f"      {line}" for line in r["traceback"])
+        else:
+            out[-1] += " (--traceback shows where in its code)"
     ce = r.get("counterexample") or {}
     if ce:
         if "scores" in ce:
@@ -331,7 +364,7 @@ def markdown(data: dict[str, Any]) -> str:
         for r in target["results"]:
             msg = r["message"].replace("|", "\\|")
             lines.append(f"| `{r['property']}` | {'yes' if r['claimed'] else 'no'} | "
-                         f"{_status_cell(r)} | {r['examples']} | {_ratio(r['worst_ratio'])} | "
+                         f"{_status_cell(r)} | {r['examples']} | {ratio_cell(r)} | "
                          f"{msg} |")
         for r in target["results"]:
             ce = r.get("counterexample")
@@ -354,7 +387,7 @@ def finish_certify(args, data: dict, xfails) -> int:
         write_json(args.json_path, data)
     if args.markdown_path:
         write_atomic(args.markdown_path, markdown(data))
-    text = terminal_table(data)
+    text = terminal_table(data, tracebacks=bool(getattr(args, "traceback", False)))
     if args.quiet:
         text = "\n".join(line for line in text.splitlines()
                          if line.startswith(("verdict:", "note:")))

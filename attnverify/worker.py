@@ -78,6 +78,35 @@ def _text(value: Any) -> str:
     return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
 
 
+#: A target's traceback sent back: at most this many lines (its last), each at most this long.
+MAX_TRACEBACK_LINES, MAX_TRACEBACK_LINE = 60, 300
+_ATTNVERIFY_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_traceback(exc: BaseException) -> list[str]:
+    """The traceback of an exception the code under test raised, as Python prints it, with the
+    frames of attnverify itself (and of the import machinery) left out: the user's own frames
+    and whatever they called; ``[]`` when no frame is left. The last lines only, each made
+    printable (a control character becomes a space) and cut short."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not os.path.abspath(f.filename).startswith(_ATTNVERIFY_DIR)
+              and not f.filename.startswith("<frozen ")]
+    if not frames:
+        return []
+    lines = [line for entry in traceback.format_list(frames)
+             for line in entry.rstrip("\n").splitlines()]
+    lines = lines[-(MAX_TRACEBACK_LINES - 1):]
+    lines.append(" ".join(traceback.format_exception_only(type(exc), exc)[-1].split()))
+    out = []
+    for line in lines:
+        line = "".join(c if c.isprintable() else " " for c in line.rstrip())
+        out.append(line if len(line) <= MAX_TRACEBACK_LINE else
+                   line[: MAX_TRACEBACK_LINE - 1] + "…")
+    return out
+
+
 def describe_exception(exc: BaseException) -> tuple[str, str]:
     """``(type name, first line of the message)``, both short and printable."""
     name = type(exc).__name__
@@ -394,6 +423,9 @@ class Server:
         if kind not in ("normalizer", "attention") or not isinstance(target, str) or \
                 not isinstance(params, dict):
             raise wire.ProtocolError("a load request without kind, target or params")
+        from attnverify.errors import check_not_shadowed
+
+        check_not_shadowed()  # a folder named attnverify in place of the package: exit 2
         triton = triton_runtime.prepare()  # before the target's import: it decides jit's kind
         before = set(sys.modules)
         if kind == "normalizer":
@@ -423,7 +455,7 @@ class Server:
             kernel = spec.kernel
             out["kernel"] = None if kernel is None else {"formula": _text(kernel.formula)}
             out["reference"] = self._describe_reference()
-            out["signature"] = _signature(spec.fn)
+            out["signature"] = _signature(spec.fn, spec.params)
         else:
             out["reference"] = spec.reference if isinstance(spec.reference, str) else ""
         fused = sys.modules.get("attnverify.normalizers.fused")
@@ -464,7 +496,7 @@ class Server:
                             "callable, a NormalizerSpec or a target string")
         self.reference = resolved
         return {"kind": "own", "label": _reference_label(ref), "params": wire.plain(
-            dict(resolved.params)), **_signature(resolved.fn)}
+            dict(resolved.params)), **_signature(resolved.fn, resolved.params)}
 
     # ---- calls -----------------------------------------------------------------------------
 
@@ -855,15 +887,33 @@ def _reference_label(ref) -> str:
     return f"{module}:{name}" if module else str(name)
 
 
-def _signature(fn) -> dict:
+#: The call every normalizer (and reference) is made with (docs/INTERFACES.md).
+CONTRACT = "fn(scores, dim=-1, **params)"
+
+
+def _signature(fn, params: dict | None = None) -> dict:
+    """What ``fn`` takes by keyword beside ``scores`` and ``dim`` (``accepts``, ``var_keywords``)
+    and, in ``contract``, why the call :data:`CONTRACT` with ``params`` cannot bind to it (``""``:
+    it can, or ``fn`` has no signature to read, as functions written in C: not judged here)."""
     import inspect
 
     try:
-        params = inspect.signature(fn).parameters
+        sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        return {"accepts": [], "var_keywords": True}
-    return {"accepts": [n for n in params if n not in ("scores", "dim")],
-            "var_keywords": any(p.kind is p.VAR_KEYWORD for p in params.values())}
+        return {"accepts": [], "var_keywords": True, "contract": ""}
+    keywords = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    values = sig.parameters.values()
+    contract = ""
+    try:
+        sig.bind(None, dim=-1, **dict(params or {}))
+    except TypeError as exc:
+        name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or \
+            type(fn).__name__
+        contract = _text(f"{name}{sig} cannot be called as {CONTRACT}: {exc}")
+    return {"accepts": [p.name for p in values if p.kind in keywords
+                        and p.name not in ("scores", "dim")],
+            "var_keywords": any(p.kind is p.VAR_KEYWORD for p in values),
+            "contract": contract}
 
 
 # --------------------------------------------------------------------------------------------
@@ -899,7 +949,8 @@ def serve(sock: socket.socket) -> None:
         except Raised as exc:
             name, text = describe_exception(exc.cause)
             reply = {"ok": False, "kind": "raised", "type": name, "message": text,
-                     "side_effects": getattr(exc, "side_effects", [])}
+                     "side_effects": getattr(exc, "side_effects", []),
+                     "traceback": user_traceback(exc.cause)}
             if hasattr(exc, "index"):
                 reply["index"] = exc.index
         except Border as exc:
@@ -911,6 +962,8 @@ def serve(sock: socket.socket) -> None:
             name, text = describe_exception(exc)
             kind = "usage" if _is_usage(exc) else "raised"
             reply = {"ok": False, "kind": kind, "type": name, "message": text}
+            if kind == "raised":  # the target's import raised: where, in its own code
+                reply["traceback"] = user_traceback(exc.__cause__ or exc.__context__ or exc)
         except BaseException as exc:  # noqa: BLE001 - SystemExit from an import, say
             name, text = describe_exception(exc)
             reply = {"ok": False, "kind": "raised", "type": name, "message": text}

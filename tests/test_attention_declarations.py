@@ -58,7 +58,8 @@ def test_a_declared_reference_that_agrees_is_honoured_and_recorded(tmp_path, cap
     assert code == 0 and target["verdict"] == "certified"
     assert target["reference"] == "sdpa_math" and target["reference_owner"] == "checker"
     assert target["attention"] == {"normalizer": "softmax", "score_mod": None,
-                                   "reference": "sdpa_math", "reference_by": "target"}
+                                   "reference": "sdpa_math", "reference_by": "target",
+                                   "normalizer_declared": True}
 
 
 def test_a_reference_of_the_targets_own_is_refused(tmp_path):

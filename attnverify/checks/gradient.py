@@ -509,17 +509,25 @@ def _short(row: Tensor, limit: int = 6) -> str:
     return f"[{values}{', …' if row.numel() > limit else ''}]"
 
 
-def _finite(grad: Tensor, z: Tensor, what: str = "the gradient") -> None:
-    """Every entry of ``grad`` finite, and exactly 0 at every masked key: a ``-inf`` score moves
-    no weight (its weight is 0 in a neighbourhood), so the derivative with respect to it is 0
-    whatever reaches the weights, never NaN, never a value the central differences (which cannot
-    move a ``-inf`` score) would not see."""
+def _finite(grad: Tensor, z: Tensor, what: str = "the gradient (reverse mode, Jᵀu)",
+            weights: Tensor | None = None) -> None:
+    """Every entry of ``grad`` (``what``, one value per key) finite, and exactly 0 at every
+    masked key: a ``-inf`` score moves no weight (its weight is 0 in a neighbourhood), so the
+    derivative with respect to it is 0 whatever reaches the weights, never NaN, never a value the
+    central differences (which cannot move a ``-inf`` score) would not see. A violation names
+    the first key where it fails, its score and, when they are not finite, the row's weights."""
     bad = ~torch.isfinite(grad)
     if bool(bad.any()):
         r, k = divmod(int(bad.flatten().nonzero()[0]), z.shape[-1])
-        raise Violation(f"row {r}: {what} is {float(grad[r, k])} at key {k} "
-                        f"(score {float(z[r, k])})", observed=math.inf, bound=0, ratio=math.inf,
-                        row=r, key=k)
+        note = ""
+        if weights is not None and not bool(torch.isfinite(weights[r]).all()):
+            note = f"; the weights of this row are {_short(weights[r])}"
+        where = ("a masked key (score -inf), where the derivative must be exactly 0"
+                 if float(z[r, k]) == NEG_INF else
+                 "a key whose score is finite, where a derivative must be a finite number")
+        raise Violation(f"row {r}: {what} is {float(grad[r, k])} at key {k} (score "
+                        f"{float(z[r, k]):.6g}): {where}{note}",
+                        observed=math.inf, bound=0, ratio=math.inf, row=r, key=k)
     bad = (z == NEG_INF) & (grad != 0)
     if bool(bad.any()):
         r, k = divmod(int(bad.flatten().nonzero()[0]), z.shape[-1])
@@ -566,7 +574,7 @@ def check_gradient(spec, case, ctx) -> float:
     step = _step(z, case.temperature, source.precision.step)
     v = _on_grid(z, v, step, source.precision)
     rev = (grad * v).sum(-1)
-    fwd, jv_norm, primal = _forward(f, scores, v, u)
+    fwd, jv_norm, primal = _forward(f, scores, v, u, z, source.own)
     if primal is not None:
         _same_values(primal, source.own, dtype, "in forward mode (torch.func.jvp)")
     diff = smooth_difference(None, z, v, u, step, precision=source.precision,
@@ -600,14 +608,18 @@ def _floor(weights: Tensor, step: Tensor, order: int, dtype, z: Tensor, precisio
     return floor + torch.finfo(dtype).tiny * norms / s ** order
 
 
-def _forward(f, z, v, u) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+def _forward(f, z, v, u, z64: Tensor | None = None, weights: Tensor | None = None
+             ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """``⟨u, Jv⟩`` by forward mode, ``‖Jv‖`` and the primal output, or ``(None, None, None)``
-    without forward mode."""
+    without forward mode; a ``Jv`` that is not finite at some key is a :class:`Violation`
+    naming the key (given ``z64``, the scores in float64)."""
     try:
         primal, jv = torch.func.jvp(f, (z,), (v.to(z.dtype),))
     except Exception:  # noqa: BLE001 - no forward mode (classic autograd.Function)
         return None, None, None
     jv = as_float64(jv)
+    if z64 is not None:
+        _finite(jv, z64, "the derivative by forward mode (torch.func.jvp, J·v)", weights)
     return (u * jv).sum(-1), torch.linalg.vector_norm(jv, dim=-1), primal
 
 
@@ -637,6 +649,18 @@ def _compare(rev: Tensor, fwd: Tensor | None, diff: Difference, *, scale: Tensor
         top = float(ratio.max()) if ratio.numel() else 0.0
         if top > 1:
             r = int(ratio.argmax())
+            if not (math.isfinite(float(a[r])) and math.isfinite(float(b[r]))):
+                nan, other = (name_a, name_b) if not math.isfinite(float(a[r])) else \
+                    (name_b, name_a)
+                value = float(a[r]) if nan == name_a else float(b[r])
+                raise Violation(
+                    f"row {r}: the {what} by {nan} is {value}, not a number, where {other} "
+                    f"give{'s' if other == 'forward mode' else ''} "
+                    f"{float(b[r]) if nan == name_a else float(a[r]):.9g} "
+                    f"({describe_dtype(dtype)}; random directions): a derivative must be "
+                    "finite where the scores are",
+                    observed=math.inf, bound=0, ratio=math.inf, row=r,
+                    judged_rows=int(diff.judged.sum()))
             raise Violation(
                 f"row {r}: the {what} by {name_a} is {float(a[r]):.9g} but {name_b} give"
                 f"{'s' if name_b == 'forward mode' else ''} {float(b[r]):.9g} "

@@ -64,7 +64,14 @@ ROW_FIELDS = ("delta",)
 KEY_FIELDS = ("x",)
 
 
+class Hung(Exception):
+    """A candidate ran past the per-example time limit: how a time-limit failure fails "the
+    same way" while it is shrunk (:func:`attnverify.certify.shrink_hang`)."""
+
+
 def _kind(exc: BaseException) -> str | None:
+    if isinstance(exc, Hung):
+        return "hung"
     if isinstance(exc, Deferred):  # no graph, float64 refused, unjudged: each its own failure
         return type(exc).__name__
     if isinstance(exc, Violation):
@@ -87,12 +94,13 @@ def _has_layout(case: Any) -> bool:
 
 
 def shrink(recheck: Callable[[Any], Any], case: Any, exc: BaseException, *,
-           vary_temperature: bool = True) -> tuple[Any, BaseException]:
-    """The smallest case found that fails ``recheck`` like ``exc``, and its exception."""
+           vary_temperature: bool = True, budget_s: float = BUDGET_S) -> tuple[Any, BaseException]:
+    """The smallest case found that fails ``recheck`` like ``exc``, and its exception, within
+    ``budget_s`` seconds (and :data:`MAX_CHECKS` re-checks)."""
     kind = _kind(exc)
     if kind is None or not (shrinkable(case) or _has_layout(case)):
         return case, exc
-    search = _Search(recheck, kind, case, exc)
+    search = _Search(recheck, kind, case, exc, budget_s)
     if not shrinkable(case):
         search.simplify_layout()
         return search.case, search.exc
@@ -106,11 +114,11 @@ def shrink(recheck: Callable[[Any], Any], case: Any, exc: BaseException, *,
 
 
 class _Search:
-    def __init__(self, recheck, kind, case, exc) -> None:
+    def __init__(self, recheck, kind, case, exc, budget_s: float = BUDGET_S) -> None:
         self.recheck, self.kind = recheck, kind
         self.case, self.exc = case, exc
         self.may_mask_rows = bool(_fully_masked_rows(case.scores).any())
-        self.checks, self.deadline = 0, time.perf_counter() + BUDGET_S
+        self.checks, self.deadline = 0, time.perf_counter() + budget_s
 
     def exhausted(self) -> bool:
         return self.checks >= MAX_CHECKS or time.perf_counter() > self.deadline

@@ -183,8 +183,10 @@ def _extract(config: cfg.RunConfig, text: Text):
 
 @contextmanager
 def _quiet_loading(quiet: bool):
-    """``--no-progress`` silences transformers' own bars too (GGUF de-quantisation uses a
-    plain tqdm, which honours ``TQDM_DISABLE``)."""
+    """``--no-progress`` silences transformers' own bars too: its logging bars, and every plain
+    tqdm bar made while the model loads (GGUF de-quantisation makes one). tqdm reads
+    ``TQDM_DISABLE`` once, when it is imported (before any load here), so the variable alone
+    (kept for subprocesses) silences nothing: :func:`_tqdm_disabled` does."""
     if not quiet:
         yield
         return
@@ -194,13 +196,33 @@ def _quiet_loading(quiet: bool):
     os.environ["TQDM_DISABLE"] = "1"
     hf_logging.disable_progress_bar()
     try:
-        yield
+        with _tqdm_disabled():
+            yield
     finally:
         hf_logging.enable_progress_bar()
         if before is None:
             os.environ.pop("TQDM_DISABLE", None)
         else:
             os.environ["TQDM_DISABLE"] = before
+
+
+@contextmanager
+def _tqdm_disabled():
+    """Every tqdm bar created inside is disabled (tqdm's own class and each subclass that
+    initialises through it: ``tqdm.auto``, ``tqdm.asyncio``); restored on the way out."""
+    from tqdm import std  # optional dependency (the models extra), loaded on a model load
+
+    original = std.tqdm.__dict__["__init__"]
+
+    def quiet(self, *args, **kwargs):
+        kwargs["disable"] = True
+        return original.__get__(self, type(self))(*args, **kwargs)
+
+    std.tqdm.__init__ = quiet
+    try:
+        yield
+    finally:
+        std.tqdm.__init__ = original
 
 
 def _model_meta(loaded, max_length, config, load_s, extract_s) -> dict:
