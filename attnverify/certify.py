@@ -509,8 +509,9 @@ def shrink_hang(prop: Property, spec, ctx, case) -> tuple[Any, str]:
             heartbeat.example_finished()
 
     try:
-        small, _ = shrink(recheck, case, Hung("the case in flight"), vary_temperature=False,
-                          budget_s=budget)
+        with heartbeat.budgeted_retries():  # bounded here, not by the failures in a row
+            small, _ = shrink(recheck, case, Hung("the case in flight"), vary_temperature=False,
+                              budget_s=budget)
     finally:
         if monitor is not None:
             monitor.hang_shrink_s = spent + time.monotonic() - began

@@ -14,11 +14,30 @@ from :mod:`attnverify.remote` so that the checks import nothing that imports the
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, NamedTuple
 
 _STATE: dict[str, Any] = {"case": None, "since": None, "running": False, "target_s": 0.0,
-                          "last": None, "step": None, "serial": 0}
+                          "last": None, "step": None, "serial": 0, "budgeted": False}
+
+
+@contextlib.contextmanager
+def budgeted_retries():
+    """Requests whose failures a budget of their own bounds (the shrink of a case that ran past
+    the time limit: :func:`attnverify.certify.shrink_hang`): they do not count among the
+    failures in a row that fail a target in full (:mod:`attnverify.remote`)."""
+    before = _STATE["budgeted"]
+    _STATE["budgeted"] = True
+    try:
+        yield
+    finally:
+        _STATE["budgeted"] = before
+
+
+def budgeted() -> bool:
+    """Whether the requests now running are :func:`budgeted_retries`."""
+    return bool(_STATE["budgeted"])
 
 
 class ExampleTime(NamedTuple):

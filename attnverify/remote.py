@@ -555,8 +555,8 @@ class Channel:
     def _strike(self, exc: WorkerFailed) -> None:
         """One more worker failure in a row; after :data:`STRIKES` of them (or
         :data:`TIMEOUT_STRIKES` time-outs) the target is failed in full."""
-        if isinstance(exc, TargetFailedInFull):
-            return
+        if isinstance(exc, TargetFailedInFull) or heartbeat.budgeted():
+            return  # failed in full already, or a shrink's retry that a budget bounds
         self.strikes.append(bool(getattr(exc, "timed_out", False)))
         if len(self.strikes) >= STRIKES or sum(self.strikes) >= TIMEOUT_STRIKES:
             self.condemned = (f"was not run: its worker failed {len(self.strikes)} times in a "

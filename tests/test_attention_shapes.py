@@ -54,7 +54,7 @@ PLANTED = [
     ("broadcast_batch_mask_first_only", "attn_bool_mask",
      lambda r: r["mask_shape"] in ("shared", "heads") and r["b"] == 2),
     ("head_broadcast_bias_split", "attn_additive_mask",
-     lambda r: r["mask_type"] == "additive" and r["mask_shape"] in ("batch", "shared")
+     lambda r: r["mask_type"] == "additive" and r["mask_shape"] in ("batch", "shared", "keys")
      and r["h"] == 2),
     ("stride0_mask_fast_path", "attn_fully_masked_row", lambda r: r["mask_view"] == "expanded"),
     ("cache_slice_as_dense", "attn_reference", lambda r: r["layout"] in ("cache", "qkv")),

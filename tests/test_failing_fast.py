@@ -106,7 +106,12 @@ def test_a_target_hanging_on_every_call_costs_two_time_limits(capsys, tmp_path):
     results = targets[target]["results"]
     assert all(r["status"] == "error" for r in results)
     assert "exceeded the per-example time limit of 3 s" in results[0]["message"]
-    assert len(targets[target]["worker_pids"]) == remote.TIMEOUT_STRIKES
+    # the two time-outs in a row, and the hanging candidates of the shrink of the first hang,
+    # which a budget of its own bounds (attnverify.certify.shrink_hang)
+    from attnverify.certify import HANG_SHRINK_LIMITS
+
+    pids = len(targets[target]["worker_pids"])
+    assert remote.TIMEOUT_STRIKES < pids <= remote.TIMEOUT_STRIKES + HANG_SHRINK_LIMITS, pids
     assert "failed 2 times in a row" in results[-1]["message"]
 
 

@@ -333,7 +333,9 @@ def test_a_view_path_that_misreads_an_offset_is_caught_on_the_two_together(capsy
     # an offset off the vector boundary, and something that makes a view: two features, rank 2
     assert "offset" in lay["kinds"] and lay["storage_offset"] % 4, lay
     assert set(lay["kinds"]) & {"transposed", "permuted", "strided", "expanded"}, lay
-    assert len(lay["kinds"]) == 2 and len(lay["sizes"]) == 2 and ce["shape"] == [1, 2], ce
+    # two rows at most: the value domain's draws (issue #25) reach it on a [2, 2] case now
+    assert len(lay["kinds"]) == 2 and len(lay["sizes"]) == 2 and ce["shape"][0] <= 2 \
+        and ce["shape"][1] == 2, ce
     assert lay["text"] in r["message"]
     code, out = repro_exit(capsys, ce["repro"])
     assert code == 1 and "VIOLATED" in out

@@ -439,6 +439,10 @@ def far_offsets(dtype) -> tuple[float, ...]:
     return tuple(out)
 
 
+#: Rows of one case of the value domain's battery, at most.
+DOMAIN_BLOCK = 64
+
+
 def domain_battery(spec, ctx: Context, dtype, index: int, *, kinds) -> list[RowCase]:
     """The explicit cases of the value domain, per dtype: one case whose rows each lie far
     from zero as a whole (a Gaussian row of 9 keys moved by each of :func:`far_offsets`) and
@@ -454,9 +458,12 @@ def domain_battery(spec, ctx: Context, dtype, index: int, *, kinds) -> list[RowC
     if "masked" in kinds:
         moved[:, 4] = float("-inf")
     scores = moved.to(dtype)
-    count = scores.shape[0]
     t = battery_temperature(spec, ctx)
-    out = [RowCase(scores, t, "far_rows", 23, battery_layout(spec, count, 9, index))]
+    # in blocks of at most DOMAIN_BLOCK rows (and the per-call cap of an interpreted kernel):
+    # the many-row cases of the battery stay the row-tail counts they are chosen to be
+    block = min(DOMAIN_BLOCK, ctx.max_rows or DOMAIN_BLOCK)
+    out = [RowCase(part, t, "far_rows", 23, battery_layout(spec, part.shape[0], 9, index))
+           for part in scores.split(block)]
     if spec.takes_temperature and ctx.temperature is None:
         for j, temperature in enumerate(D.temperature_range(dtype)):
             size = min(3.0 * temperature, D.limit(dtype))
