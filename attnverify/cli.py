@@ -23,6 +23,7 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
     def parse_args(self, args=None, namespace=None):
+        self._options_before_command(sys.argv[1:] if args is None else list(args))
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             self._unknown(parsed, extras)
@@ -43,6 +44,32 @@ class _Parser(argparse.ArgumentParser):
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         hint = f": did you mean {close[0]}?" if close else ""
         parser.error(f"unrecognized option {name}{hint}")
+
+    def _options_before_command(self, argv: list[str]):
+        """``attnverify --profile ci certify``: a command's option given before the command is
+        named as such, with the command's closest option, instead of its value being taken for
+        an unknown command."""
+        subs = next((a for a in self._actions if isinstance(a, argparse._SubParsersAction)),
+                    None)
+        if subs is None:
+            return
+        top = {o for action in self._actions for o in action.option_strings}
+        index = next((i for i, a in enumerate(argv) if a in subs.choices), None)
+        if index is None:
+            return
+        early = [a for a in argv[:index] if a.startswith("-") and a != "-"
+                 and a.split("=", 1)[0] not in top]
+        if not early:
+            return
+        command, name = argv[index], early[0].split("=", 1)[0]
+        sub = subs.choices[command]
+        known = [o for action in sub._actions for o in action.option_strings]
+        close = name if name in known else next(
+            iter(difflib.get_close_matches(name, known, n=1, cutoff=0.6)), None)
+        hint = f" (did you mean {close}?)" if close and close != name else ""
+        where = f"; options go after the command: 'attnverify {command} {close or name} ...'" \
+            if close else ""
+        self.error(f"unrecognized option {name} before the command {command!r}{hint}{where}")
 
     def _subparser(self, command: str | None):
         for action in self._actions:

@@ -254,6 +254,16 @@ def test_an_unknown_option_suggests_the_closest_and_the_subcommands_help(capsys)
     assert "did you mean certify?" in capsys.readouterr().err
 
 
+def test_an_option_before_the_command_is_named_with_where_it_goes(capsys):
+    # once read as "unknown command 'ci'": the option's value was taken for the command
+    assert main(["--profle", "ci", "certify", "softmax"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "before the command 'certify'" in err and "did you mean --profile?" in err
+    assert "'attnverify certify --profile ...'" in err and len(err.splitlines()) == 1
+    assert main(["--jobs=2", "list"]) == 2
+    assert "unrecognized option --jobs before the command 'list'" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------------------------
 # 15: the plugin's test ids
 
