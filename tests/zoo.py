@@ -164,6 +164,7 @@ ZOO: list[Entry] = [
         ("masked_autograd_softmax", "certified"), ("float32_accumulating_softmax", "certified")]),
     *_many("planted_masked_gradient.py", "test_attention.py", [
         ("floored_backward_attention", "attn_gradients"),
+        ("uniform_dead_dq_attention", "attn_fully_masked_row"),
         ("flash_backward_attention", "certified")], "attention"),
     *_many("planted_sequence.py", "test_repro_sequence.py", [
         ("workspace_softmax", "shape"), ("autotuned_softmax", "simplex"),
