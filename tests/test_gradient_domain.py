@@ -122,3 +122,17 @@ def test_widened_gradient_catches_the_far_backward_and_certifies_the_control():
         assert res.status == "holds", (prop, res.message)
         judged, total = res.coverage["judged_rows"]
         assert 0.9 * total <= judged < total  # the rows beyond the resolution are counted
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_rows_far_below_zero_agree_with_float64(dtype):
+    """Hand case: a half-precision softmax row at -3e4 (float16's spacing there is 16, so the
+    row is [-30000, -30016, -29984] exactly) agrees with the float64 weights of the same scores
+    at T = 1 and at T = 3 (z/T rounded once: the rule's ``slack_T``); the weights are those of
+    logit gaps of 16 and 32, nearly one-hot."""
+    from attnverify.checks import universal as U
+
+    scores = torch.tensor([[-30000.0, -30016.0, -29984.0]], dtype=dtype)
+    for temperature in (1.0, 3.0):
+        case = RowCase(scores, temperature, "gaussian", 0)
+        assert U.check_low_precision(load_target("softmax"), case, CTX) <= 1
