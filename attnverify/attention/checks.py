@@ -224,9 +224,10 @@ def check_fully_masked(spec, case, ctx) -> float:
 def _dead_queries_backward(a, case, dead) -> float:
     """The backward of ⟨out, G⟩ (``G`` random, nonzero at the dead queries too, as in a model):
     dq of a query that attends no key is exactly 0 and finite (its output is 0 whatever ``q``
-    is), and dq of the others, dk and dv equal the float64 eager reference's (which takes
-    nothing from a dead query): a backward that leaks a dead query into dk or dv is caught
-    there."""
+    is), every entry of dq, dk and dv is finite, and on float64 inputs (where
+    ``attn_gradients`` judges gradients' values too) dq of the others, dk and dv equal the
+    float64 eager reference's (which takes nothing from a dead query): a backward that leaks
+    a dead query into dk or dv is caught there."""
     grads, ref_grads = _gradients(a, case)
     dq = grads[0]
     if dq is not None:
@@ -241,6 +242,15 @@ def _dead_queries_backward(a, case, dead) -> float:
                 f" {int(bad.sum())} such entries [{describe_dtype(case.q.dtype)}]",
                 observed=abs(value) if value == value else math.inf, bound=0, ratio=math.inf,
                 wrt="q", at=pos)
+    for name, got in zip("qkv", grads):
+        if got is not None and not bool(torch.isfinite(got).all()):
+            pos = [int(x) for x in (~torch.isfinite(got)).nonzero()[0]]
+            raise Violation(
+                f"d⟨out, G⟩/d{name} is {float(got[tuple(pos)])} at {pos}, next to a query that "
+                f"attends no key: a gradient must be finite [{describe_dtype(case.q.dtype)}]",
+                observed=math.inf, bound=0, ratio=math.inf, wrt=name, at=pos)
+    if case.q.dtype != F64:
+        return 0.0
     return _compare_gradients(case, grads, ref_grads)
 
 
