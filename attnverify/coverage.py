@@ -25,7 +25,11 @@ properties, with, per property, the fields where that property covered something
   (:data:`attnverify.strategies.domain.FAR_BELOW`); ``shifts``: ``[smallest, largest]`` ``|c|``
   that ``shift_invariant`` added to a row, and ``shift_decades`` their decades (``null`` where
   no shift was made); for attention cases ``mask_bias``, ``[lowest, highest]`` finite entry of
-  an additive mask;
+  an additive mask; ``judged_rows``: ``[judged, rows]`` for the derivative properties
+  (``gradient``, ``double_backward``): of the rows with a live key, how many had their derivative
+  compared with central differences within an allowance below the derivative's own size (the
+  others: on a kink, or beyond the differences' resolution at their magnitude, as rows of
+  ``|z|/T`` above about ``1e8`` in float64), ``null`` for other properties;
 - ``declared``: the layouts and axes the normalizer declares it takes (``null``: none declared,
   held to every one).
 
@@ -43,7 +47,7 @@ from typing import Any
 FIELDS = ("cases", "dtypes", "ranks", "axes", "layouts", "row_length", "row_count",
           "elements", "large_cases", "large_sizes", "masked_keys", "fully_masked_rows",
           "temperature", "values", "magnitudes", "decades", "far_below", "shifts",
-          "shift_decades", "mask_bias")
+          "shift_decades", "mask_bias", "judged_rows")
 #: Every finite score of a row below this: the row is "far below zero" (the value of
 #: :data:`attnverify.strategies.domain.FAR_BELOW`; not imported: the report needs no torch).
 FAR_BELOW = -1e4
@@ -79,6 +83,17 @@ def note_shifts(shifts) -> None:
             coverage.shift_decades.add(_decade(c))
 
 
+def note_judged(judged: int, rows: int) -> None:
+    """A derivative check judged ``judged`` of ``rows`` rows of its case (the others not
+    judged: on a kink, or beyond the resolution of the differences), counted in the coverage
+    being recorded (none: ignored)."""
+    coverage = _CURRENT.get()
+    if coverage is None:
+        return
+    coverage.judged[0] += int(judged)
+    coverage.judged[1] += int(rows)
+
+
 def _decade(x: float) -> int:
     return math.floor(math.log10(x))
 #: Cases of more entries than this (torch's parallel grain, where many kernels take another
@@ -112,6 +127,7 @@ class Coverage:
         self.shifts: list[float] = []
         self.shift_decades: set[int] = set()
         self.mask_bias: list[float] = []
+        self.judged = [0, 0]
         self.attention = None  # attnverify.attention.coverage.AttentionCoverage
 
     def add(self, case: Any) -> None:
@@ -238,6 +254,7 @@ class Coverage:
             "shifts": _span(self.shifts),
             "shift_decades": sorted(self.shift_decades) if self.shifts else None,
             "mask_bias": _span(self.mask_bias),
+            "judged_rows": list(self.judged) if self.judged[1] else None,
             "declared": declared,
             **({"attention": self.attention.to_json()} if self.attention is not None else {}),
         }
@@ -313,9 +330,15 @@ def merge(blocks: list[dict]) -> dict[str, Any] | None:
         "shift_decades": (sorted({e for b in blocks for e in b.get("shift_decades") or []})
                           if any(b.get("shifts") for b in blocks) else None),
         "mask_bias": widest("mask_bias"),
+        "judged_rows": _judged_union(blocks),
         "declared": declared,
         **_attention_union(blocks),
     }
+
+
+def _judged_union(blocks: list[dict]) -> list[int] | None:
+    parts = [b["judged_rows"] for b in blocks if b.get("judged_rows")]
+    return [sum(p[0] for p in parts), sum(p[1] for p in parts)] if parts else None
 
 
 def runs(values) -> list[list[int]]:
@@ -407,6 +430,10 @@ def describe(block: dict | None) -> str:
         parts.append(f"mask biases {_range(block['mask_bias'])}")
     if block.get("temperature"):
         parts.append(f"T {_range(block['temperature'])}")
+    judged = block.get("judged_rows")
+    if judged and judged[0] < judged[1]:
+        parts.append(f"derivatives judged on {judged[0]} of {judged[1]} rows (the others on a "
+                     "kink or beyond the differences' resolution)")
     cap = block.get("per_call")
     if isinstance(cap, dict) and cap.get("rows"):
         heads = (f", {cap['batch_heads']} batch × heads and {cap['queries']} queries"

@@ -345,6 +345,33 @@ def test_a_backward_wrong_only_at_masked_keys_fails_on_ci_and_reproduces():
     assert good.status == "holds", good.message
 
 
+def test_garbage_in_dq_of_a_query_that_attends_no_key_fails_the_fully_masked_row():
+    """A FlashAttention-style backward whose dq pass reads a dead query as attending every key
+    uniformly: the forward output is exactly 0 and dk, dv are right, but dq there is garbage.
+    Hand case first (one dead query of four, every gradient entry named), then the property at
+    dev with the control (the same backward, dq of a dead query 0), which holds; SDPA's math
+    backend, which claims dead rows, holds too."""
+    from attnverify.attention.repro import recheck
+
+    r = AC.recipe(b=1, h=1, l_q=4, l_k=5, mask="bool", mask_shape="2d", dead=True, seed=3)
+    case = AC.build(r)
+    bad = load_attention(f"{MASKED_GRADIENT}:uniform_dead_dq_attention")
+    dead = ~K.allowed_keys(bad, case).any(-1)
+    assert bool(dead.any()) and not bool(dead.all())
+    with pytest.raises(K.Violation, match=r"d⟨out, G⟩/dq is .* a query that attends no key"):
+        K.check_fully_masked(lift(bad), case, CTX)
+    good = load_attention(f"{MASKED_GRADIENT}:flash_backward_attention")
+    assert K.check_fully_masked(lift(good), case, CTX) <= 1
+    prop = ATTENTION_PROPERTIES["attn_fully_masked_row"]
+    res = run_property(prop, lift(bad), CTX)
+    assert res.status == "violated" and "a query that attends no key" in res.message
+    assert recheck(f"{MASKED_GRADIENT}:uniform_dead_dq_attention", "attn_fully_masked_row",
+                   res.counterexample["recipe"]) == 1
+    for control in (good, load_attention("sdpa_math")):
+        res = run_property(prop, lift(control), CTX)
+        assert res.status == "holds", (control.id, res.message)
+
+
 def test_dead_keys_follow_the_mask_and_the_groups_of_query_heads():
     r = AC.recipe(b=1, h=4, h_kv=2, l_q=3, l_k=5, mask="bool", mask_shape="heads")
     case = AC.build(r)

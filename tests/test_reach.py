@@ -150,3 +150,38 @@ def _shape_of(words: str) -> str | None:
         if text in words:
             return name
     return None
+
+
+def test_the_derivative_properties_reach_the_whole_value_domain():
+    """``gradient`` and ``double_backward`` on their own (they once kept the narrow ranges): rows
+    far below zero, every decade in both signs per dtype, the widest temperatures."""
+    spec = load_target("softmax")
+    for prop in ("gradient", "double_backward"):
+        c = _coverage(spec, [PROPERTIES[prop]])
+        assert c["far_below"] >= 1, (prop, c["far_below"])
+        for dtype in (torch.float32, torch.float64):
+            name = str(dtype).removeprefix("torch.")
+            missing = _missing(c["decades"], name, range(0, math.floor(math.log10(
+                D.limit(dtype))) + 1))
+            assert not missing, f"{prop}, {name}: decades never reached: {missing}"
+        lo, hi = c["temperature"]
+        assert lo <= 1e-5 and hi >= 1e5, (prop, lo, hi)
+
+
+def test_the_half_precision_agreements_reach_the_whole_value_domain():
+    """``dtype_agreement`` and ``matches_reference`` in float16 / bfloat16 (they once kept the
+    narrow ranges): rows far below zero and every decade of each half type, both signs."""
+    ctx = make_context("ci", seed=0, dtypes="float16,bfloat16")
+    spec = load_target("softmax")
+    for prop in ("dtype_agreement", "matches_reference"):
+        blocks = []
+        for _, uctx in unit_contexts(PROPERTIES[prop], spec, ctx):
+            result = run_unit(dataclasses.replace(PROPERTIES[prop], check=_record), spec, uctx)
+            blocks.append(result.coverage)
+        c = merge(blocks)
+        assert c["far_below"] >= 1, (prop, c["far_below"])
+        for dtype in (torch.float16, torch.bfloat16):
+            name = str(dtype).removeprefix("torch.")
+            missing = _missing(c["decades"], name, range(0, math.floor(math.log10(
+                D.limit(dtype))) + 1))
+            assert not missing, f"{prop}, {name}: decades never reached: {missing}"

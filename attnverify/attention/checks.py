@@ -201,7 +201,8 @@ def check_padding(spec, case, ctx) -> float:
 
 
 def check_fully_masked(spec, case, ctx) -> float:
-    """A query that may attend no key gets exactly 0 (finite, no NaN); the others match."""
+    """A query that may attend no key gets exactly 0 (finite, no NaN); the others match. For a
+    differentiable kernel, the backward too (:func:`_dead_queries_backward`)."""
     a = attention_of(spec)
     out = run(a, case.q, case.k, case.v, case.attn_mask, case.is_causal, case.scale,
               case.enable_gqa)
@@ -214,7 +215,43 @@ def check_fully_masked(spec, case, ctx) -> float:
                         f"{float(bad.flatten()[0])} (all zeros expected)",
                         observed=float(bad.abs().nan_to_num(math.inf).max()), bound=0,
                         ratio=math.inf)
-    return _against_reference("other queries next to fully masked ones", spec, case)
+    ratio = _against_reference("other queries next to fully masked ones", spec, case)
+    if a.differentiable and bool(dead.any()):
+        ratio = max(ratio, _dead_queries_backward(a, case, dead))
+    return ratio
+
+
+def _dead_queries_backward(a, case, dead) -> float:
+    """The backward of ⟨out, G⟩ (``G`` random, nonzero at the dead queries too, as in a model):
+    dq of a query that attends no key is exactly 0 and finite (its output is 0 whatever ``q``
+    is), every entry of dq, dk and dv is finite, and on float64 inputs (where
+    ``attn_gradients`` judges gradients' values too) dq of the others, dk and dv equal the
+    float64 eager reference's (which takes nothing from a dead query): a backward that leaks
+    a dead query into dk or dv is caught there."""
+    grads, ref_grads = _gradients(a, case)
+    dq = grads[0]
+    if dq is not None:
+        g = dq.detach().to("cpu", F64)
+        bad = dead.cpu()[..., None].expand(g.shape) & (g != 0)
+        if bool(bad.any()):
+            pos = [int(x) for x in bad.nonzero()[0]]
+            value = float(g[tuple(pos)])
+            raise Violation(
+                f"d⟨out, G⟩/dq is {value:.6g} at [b, h, i, c] = {pos}, a query that attends no "
+                f"key (every key masked; its output is exactly 0 whatever q is), not exactly 0;"
+                f" {int(bad.sum())} such entries [{describe_dtype(case.q.dtype)}]",
+                observed=abs(value) if value == value else math.inf, bound=0, ratio=math.inf,
+                wrt="q", at=pos)
+    for name, got in zip("qkv", grads):
+        if got is not None and not bool(torch.isfinite(got).all()):
+            pos = [int(x) for x in (~torch.isfinite(got)).nonzero()[0]]
+            raise Violation(
+                f"d⟨out, G⟩/d{name} is {float(got[tuple(pos)])} at {pos}, next to a query that "
+                f"attends no key: a gradient must be finite [{describe_dtype(case.q.dtype)}]",
+                observed=math.inf, bound=0, ratio=math.inf, wrt=name, at=pos)
+    if case.q.dtype != F64:
+        return 0.0
+    return _compare_gradients(case, grads, ref_grads)
 
 
 def check_convex_hull(spec, case, ctx) -> float:
@@ -375,6 +412,15 @@ def check_gradients(spec, case, ctx) -> float:
     reference's autograd gradients, and those w.r.t. keys and values no query attends are
     exactly 0 (:func:`_dead_keys_exact`)."""
     a = attention_of(spec)
+    grads, ref_grads = _gradients(a, case)
+    _dead_keys_exact(a, case, grads)
+    return _compare_gradients(case, grads, ref_grads)
+
+
+def _gradients(a, case):
+    """``(grads, ref_grads)``: the gradients of ⟨out, G⟩ w.r.t. q, k and v (``G`` random,
+    seeded by the case) by the kernel (``None`` where unused) and by the float64 eager
+    reference."""
     g = torch.Generator().manual_seed(int(case.recipe["seed"]) + 13)
     leaves = [_leaf(t) for t in (case.q, case.k, case.v)]
     ref_leaves = [t.detach().to(F64).clone().requires_grad_(True) for t in leaves]
@@ -387,7 +433,12 @@ def check_gradients(spec, case, ctx) -> float:
     want = reference(a, *ref_leaves, case.attn_mask, case.is_causal, case.scale,
                      case.enable_gqa)
     ref_grads = torch.autograd.grad((want * cot).sum(), ref_leaves)
-    _dead_keys_exact(a, case, grads)
+    return grads, ref_grads
+
+
+def _compare_gradients(case, grads, ref_grads) -> float:
+    """Each of dq, dk, dv within :func:`attnverify.attention.tolerance.grad_allowed` of the
+    reference's (NaN is a violation)."""
     ratio = 0.0
     heads = case.q.shape[-3]
     for name, got, ref in zip("qkv", grads, ref_grads):

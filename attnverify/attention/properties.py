@@ -227,7 +227,8 @@ _ALL = [
           K.check_mask, masks=("window",),
           battery=({"mask": "window", "l_q": 8, "l_k": 8, "window": 3},)),
     _prop("attn_fully_masked_row", "a query that may attend no key gets exactly 0 (no NaN), "
-          "whatever the mask's shape, type and view; the other queries are unchanged",
+          "whatever the mask's shape, type and view; the other queries are unchanged; for a "
+          "differentiable kernel its dq is exactly 0 (no NaN) and dk, dv take nothing from it",
           K.check_fully_masked, masks=PATTERNS, dead=True,
           battery=({"mask": "fully_masked"}, *mask_battery("bool", dead=True),
                    *mask_battery("additive", dead=True)[::2],

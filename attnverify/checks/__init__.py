@@ -79,8 +79,6 @@ def _jac(id, statement, check, *, applies=None, scale=0.5):
                     examples_scale=scale, dtypes=_f64)
 
 
-_NO_HUGE = tuple(k for k in C.S.ALL_KINDS if k not in ("huge_range",))
-
 _ALL = [
     # ---- universal
     _rows("shape", "output has the input's shape, dtype and device", U.check_shape,
@@ -129,7 +127,7 @@ _ALL = [
           U.check_fully_masked_row, min_batch=2, verify=U.verify_fully_masked_row),
     _rows("dtype_agreement", "float16 / bfloat16 weights match the float64 weights of the "
           "same scores within the dtype's tolerance", U.check_low_precision, universal=True,
-          applies=_needs_low_precision, kinds=_NO_HUGE, low=True),
+          applies=_needs_low_precision, low=True),
     # ---- what the normalizer computes, and its derivatives (checks/reference.py, gradient.py)
     Property(id="matches_reference", statement="weights equal the reference normalizer's "
              "(evaluated in float64 on the same scores) within the dtype's tolerance; "

@@ -179,8 +179,8 @@ def row_cases(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None, m
 def wide_values(kinds) -> bool:
     """Whether cases of these kinds range over the whole value domain of their dtype
     (:mod:`attnverify.strategies.domain`): magnitudes, whole-row offsets and temperatures far
-    outside the usual ranges. A property that leaves out ``huge_range`` takes no huge logits
-    (half precision; derivatives by central differences) and keeps the usual ranges."""
+    outside the usual ranges. Every property's rows do (a property that left out
+    ``huge_range`` would take no huge logits and keep the usual ranges)."""
     return "huge_range" in kinds
 
 

@@ -88,6 +88,7 @@ from attnverify.checks.base import (
     mismatch_message,
 )
 from attnverify.checks.layout import case_weights, case_weights_many
+from attnverify.coverage import note_judged
 
 F64 = torch.float64
 F32 = torch.float32
@@ -99,7 +100,7 @@ GRADIENT_MAX_LENGTH = 16
 #: … but one case in this many has rows up to the profile's longest (lengths that cross block
 #: sizes, 2^k ± 1), and the battery has a few long rows and many-row cases per unit.
 LONG_SHARE = 8
-GRADIENT_KINDS = tuple(k for k in C.S.ALL_KINDS if k != "huge_range")
+GRADIENT_KINDS = tuple(C.S.ALL_KINDS)
 #: Explicit cases of each unit whose rows cross a block of keys (32, 128, 1024), in views (those
 #: up to one key past the profile's longest row).
 GRADIENT_LENGTHS = (
@@ -287,18 +288,73 @@ def _ulp32(x: Tensor) -> Tensor:
     return torch.ldexp(torch.ones_like(x), (exponent - 24).clamp_min(-149))
 
 
+def _ulp64(x: Tensor) -> Tensor:
+    """The spacing of float64 numbers at magnitude ``x`` (float64 in and out)."""
+    _, exponent = torch.frexp(x)
+    return torch.ldexp(torch.ones_like(x), (exponent - 53).clamp_min(-1074))
+
+
+#: A float64 direction's entries are whole multiples of at least this fraction of the smallest
+#: step (a power of two): every point differenced is then ``z`` plus a whole number (below
+#: ``2**45``) of a power of two, computed exactly (:func:`_on_grid`).
+GRID_FLOOR = 2.0**-30
+#: The largest relative error of a point's displacement ``(z ± h·m·v) − z`` from ``± h·m·v``
+#: an entry of a float64 direction may keep (:func:`_on_grid`): far below :data:`RTOL` (the
+#: product ``h·m·v`` itself rounds by about ``1e-16`` where ``z`` is 0).
+STEP_ERROR = 1e-10
+
+
 def _on_grid(z: Tensor, v: Tensor, step: Tensor, precision: Precision) -> Tensor:
     """``v`` moved to a direction whose every multiple the differences take (``h·m·v`` for
     ``m`` in ``precision.shrink`` and each over ``precision.ratio``) lands ``z`` on numbers of
-    ``precision.dtype``: each entry a whole number of the dtype's spacing there (float64 maps:
-    ``v`` unchanged). Entries too small for the grid become 0."""
+    ``precision.dtype``: each entry a whole number of the dtype's spacing there. Entries too
+    small for the grid become 0.
+
+    float64 maps: the points ``z ± h·m·v`` are rounded to float64, and far from zero that
+    rounding is no longer small next to ``h`` (``|z| = 1e8``, ``h = 1e-5``: a step error of
+    ``eps·|z|/h ≈ 2e-3``, beyond the comparison's ``1e-5``), so the difference quotient
+    would differentiate along another direction than ``v``. Here each entry of ``v`` is a
+    whole number of the float64 spacing at ``|z| + 2h|v|`` (at least :data:`GRID_FLOOR` of the
+    smallest step), and an entry whose points are not all ``z ± h·m·v`` within
+    :data:`STEP_ERROR` (a point that crosses a power of two onto a coarser grid) is set to 0:
+    every quotient is then along the very direction reverse mode is paired with. Where the
+    spacing exceeds the smallest step (``eps·|z| ≳ 1e-3·h``) the entry becomes 0, and a row
+    with no entry left has no resolution: it is not judged (:func:`_judgeable`), and counted
+    (``judged_rows`` of the coverage)."""
     if precision.dtype == F64:
-        return v
+        return _on_grid64(z, v, step, precision)
     quantum = step * min(precision.shrink) / precision.ratio  # [B, 1]
     live = z != NEG_INF
     size = torch.where(live, z.abs(), 0.0) + 2 * step * v.abs()
     spacing = _ulp32(size)
     return torch.where(live, torch.round(v * quantum / spacing) * spacing / quantum, 0.0)
+
+
+def _multipliers(precision: Precision) -> tuple[float, ...]:
+    """The step multipliers the differences take: each of ``precision.shrink``, and each over
+    ``precision.ratio`` (the drift test's smaller step)."""
+    return tuple(m for f in precision.shrink for m in (f, f / precision.ratio))
+
+
+def _on_grid64(z: Tensor, v: Tensor, step: Tensor, precision: Precision) -> Tensor:
+    """:func:`_on_grid` for float64 maps."""
+    smallest = min(_multipliers(precision))
+    quantum = step * smallest  # [B, 1]
+    live = z != NEG_INF
+    size = torch.where(live, z.abs(), 0.0) + 2 * step * v.abs()
+    least = torch.exp2(torch.floor(torch.log2(quantum))) * GRID_FLOOR
+    spacing = torch.maximum(_ulp64(size), least)
+    count = torch.where(live, torch.round(v * quantum / spacing), 0.0)
+    out = count * spacing / quantum
+    exact = torch.ones_like(live)
+    for factor in precision.shrink:
+        h = step * factor
+        for m, point in ((1, h * out), (precision.ratio, h * out / precision.ratio)):
+            whole = count * spacing * round(factor / m / smallest)  # a power of two times a
+            for sign in (1.0, -1.0):                                 # whole number < 2**53
+                x = z + point if sign > 0 else z - point
+                exact &= ((x - z) - sign * whole).abs() <= STEP_ERROR * whole.abs()
+    return torch.where(live & exact, out, 0.0)
 
 
 def _step(z: Tensor, temperature: float | None, rel: float = STEP) -> Tensor:
@@ -580,6 +636,7 @@ def check_gradient(spec, case, ctx) -> float:
     diff = smooth_difference(None, z, v, u, step, precision=source.precision,
                              many=source.weights, f0=source.f0)
     floor = _floor(source.own, step, 1, dtype, z, source.precision, u, v)
+    _note_judged(diff, z, source.f0[0], step, dtype, source.precision)
     # a row judged where most are not may have passed the smoothness tests by chance (noisy
     # values): such an input is decided with the unit's others, not on that row
     _require_judged(diff, "gradient")
@@ -606,6 +663,28 @@ def _floor(weights: Tensor, step: Tensor, order: int, dtype, z: Tensor, precisio
         top = torch.where(z != NEG_INF, z.abs(), 0.0).amax(-1)
         floor = floor * (1 + top / s)
     return floor + torch.finfo(dtype).tiny * norms / s ** order
+
+
+def _resolved(z: Tensor, step: Tensor, dtype, precision: Precision) -> Tensor:
+    """Rows whose float32 allowance (:func:`_floor`'s ``FLOOR·(1 + max|z|/s)``) stays below
+    the derivative's own size: past ``max|z|/s ≈ 1/FLOOR`` rounding the scores moves the map
+    as much as the derivative itself, and such a row is compared but not counted as judged."""
+    if dtype == F64:
+        return torch.ones(z.shape[0], dtype=torch.bool)
+    top = torch.where(z != NEG_INF, z.abs(), 0.0).amax(-1)
+    s = step.squeeze(-1) / precision.step
+    return FLOOR[dtype] * (1 + top / s) < 1
+
+
+def _note_judged(diff: Difference, z: Tensor, f0: Tensor, step: Tensor, dtype,
+                 precision: Precision) -> None:
+    """Count in the coverage the rows with something to judge (a live key, finite values of
+    the map) and those judged: a smooth segment found, the direction not rounded away (a
+    float64 row far from zero whose spacing exceeds the smallest step,
+    :func:`_on_grid`) and the allowance below the derivative's size (:func:`_resolved`)."""
+    rows = (z != NEG_INF).any(-1) & torch.isfinite(f0).all(-1)
+    judged = rows & diff.judged & _resolved(z, step, dtype, precision)
+    note_judged(int(judged.sum()), int(rows.sum()))
 
 
 def _forward(f, z, v, u, z64: Tensor | None = None, weights: Tensor | None = None
@@ -715,6 +794,7 @@ def check_double_backward(spec, case, ctx) -> float:
     norm = torch.linalg.vector_norm
     scale = norm(second, dim=-1) * norm(v, dim=-1) + norm(w, dim=-1) * diff.norm
     floor = _floor(source.own, step, 2, dtype, z, source.precision, u, v, w)
+    _note_judged(diff, z, source.f0[0], step, dtype, source.precision)
     _require_judged(diff, "derivative of the gradient")
     return _compare(rev, None, diff, scale=scale, floor=floor,
                     what="derivative of ⟨Jᵀu, w⟩", dtype=dtype, source=source.label)
