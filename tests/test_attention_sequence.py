@@ -60,6 +60,9 @@ def without_sequence(line: str) -> str:
 @pytest.mark.parametrize("attr, prop_id, needle, most", [
     # an output workspace per shape: the second call of a shape writes into the first's output
     ("workspace_attention", "shape", "shares its storage with the output of an earlier call", 1),
+    # ... and on an attention-level property: a violation, as for rows (not "raised Refused")
+    ("workspace_attention", "attn_bool_mask", "shares its storage with the output of an earlier "
+     "call", 1),
     # right for 40 calls, then drifting: 40 calls of the cheapest case, no more
     ("autotuned_attention", "attn_reference", "float64 eager reference", 40),
     # the log-sum-exp of the first input of a shape reused for the next: one earlier call

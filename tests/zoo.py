@@ -168,6 +168,10 @@ ZOO: list[Entry] = [
     *_many("planted_sequence.py", "test_repro_sequence.py", [
         ("workspace_softmax", "shape"), ("autotuned_softmax", "simplex"),
         ("shape_cache_softmax", "simplex"), ("constant_cache_softmax", "certified")]),
+    *_many("planted_attention_sequence.py", "test_attention_sequence.py", [
+        ("workspace_attention", "shape"), ("autotuned_attention", "attn_reference"),
+        ("shape_cache_attention", "attn_reference"), ("cached_mask_attention", "certified")],
+        "attention"),
     # ---- Triton kernels through the interpreter (issue #26); the kernels behind the declared
     # attention specs are run through those specs
     *_many("planted_triton.py", "test_triton.py", [
