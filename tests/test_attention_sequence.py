@@ -167,3 +167,12 @@ def test_bad_input_to_an_attention_repro_is_a_usage_error(argv, needle, capsys):
     code = cli.main(["repro", f"{FILE}:shape_cache_attention", "--attention", *argv])
     assert code == 2
     assert needle in capsys.readouterr().err
+
+
+def test_the_console_names_the_shape_of_an_attention_call():
+    from attnverify.report import sequence_text
+
+    step = {"property": "attn_reference", "how": "check",
+            "recipe": {"b": 1, "h": 2, "l_q": 3, "l_k": 4}}
+    text = sequence_text([step] * 40)
+    assert "40 × attn_reference on [1, 2, 3, 4]" in text
