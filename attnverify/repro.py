@@ -61,7 +61,7 @@ def run_repro_command(args) -> int:
         load_target(args.reference)  # a bad reference is a usage error (the user's own: here)
     try:
         if attention:
-            spec = _attention_spec(args.target, params, ctx, getattr(args, "reference", None))
+            spec = attention_spec(args.target, params, ctx, getattr(args, "reference", None))
         else:
             spec = remote.open_normalizer(args.target, params, ctx)
             if getattr(args, "reference", None):
@@ -99,7 +99,7 @@ def _case(data: dict[str, Any], prop_id: str, attention: bool):
     return decode_case(data, CASE_TYPES)
 
 
-def _attention_spec(target: str, params: dict[str, Any], ctx, reference: str | None):
+def attention_spec(target: str, params: dict[str, Any], ctx, reference: str | None):
     """The attention kernel ``target`` in a worker of its own, lifted to a normalizer as
     certify --attention checks it (both kinds of property take it)."""
     import dataclasses
