@@ -768,10 +768,26 @@ def _in_sequence(prop, spec, ctx, state: _State, case, exc) -> None:
 def repro_for(spec: NormalizerSpec, case_json: dict, prop_id: str, seed: int = 0) -> str:
     """The ``attnverify repro`` line that re-checks ``prop_id`` on ``case_json`` (with the
     spec's reference when it names one, and the run's seed)."""
+    attention = getattr(spec.fn, "attention", None)
+    if attention is not None and case_json.get("sequence"):
+        return attention_repro_for(attention, case_json, prop_id, seed)
     reference = getattr(spec, "reference", None)
     return repro_command(spec.target or spec.id, case_json, property=prop_id,
                          reference=reference if isinstance(reference, str) else None,
                          seed=seed)
+
+
+def attention_repro_for(a, case_json: dict, prop_id: str, seed: int = 0) -> str:
+    """The ``attnverify repro TARGET --attention`` line of an attention kernel ``a``'s failure
+    that needs earlier calls: the kernel in one fresh worker of its own (as certify ran it),
+    the earlier calls replayed there, lifted or attention-level alike, then the case (an
+    attention case by its recipe) re-checked."""
+    if case_json.get("case") == "AttnCase":
+        case_json = {"case": "AttnCase", "recipe": case_json["recipe"],
+                     "sequence": case_json["sequence"]}
+    case_json = {**case_json, "params": {k: jsonable(v) for k, v in dict(a.params).items()}}
+    return repro_command(a.target or a.id, case_json, property=prop_id, attention=True,
+                         reference=a.reference or None, seed=seed)
 
 
 def _finish(prop, claimed, status, state, start, message, violation, spec, ctx) -> PropertyResult:

@@ -389,6 +389,8 @@ def _repro_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--property", default=None, metavar="ID", help="the property to re-check")
     p.add_argument("--inequality", default=None, metavar="INEQUALITY",
                    help="a falsify inequality to re-evaluate instead of a property")
+    p.add_argument("--attention", action="store_true",
+                   help="TARGET is an attention kernel (as certify --attention runs it)")
     p.add_argument("--case", required=True, metavar="JSON_OR_FILE",
                    help="the case as printed in a repro line (inline JSON or a JSON file)")
     p.add_argument("--params", default=None, help="normalizer parameters, k=v,k=v (override "

@@ -287,12 +287,15 @@ def _plain(layout: dict[str, Any]) -> bool:
 
 def sequence_text(steps: list) -> str:
     """The earlier calls a counterexample needs, in words: runs of the same property on cases of
-    the same shape counted (``40 × simplex on [1, 1]``)."""
+    the same shape counted (``40 × simplex on [1, 1]``; an attention case by the shape of its
+    scores, ``[b, h, l_q, l_k]``)."""
     runs: list[list] = []
     for step in steps:
         case = step.get("case") if isinstance(step, dict) else None
-        what = (step.get("property") if isinstance(step, dict) else "?",
-                tuple((case or {}).get("shape") or ()))
+        recipe = step.get("recipe") if isinstance(step, dict) else None
+        shape = ((case or {}).get("shape") or () if not isinstance(recipe, dict) else
+                 [recipe.get(k, "?") for k in ("b", "h", "l_q", "l_k")])
+        what = (step.get("property") if isinstance(step, dict) else "?", tuple(shape))
         if runs and runs[-1][0] == what:
             runs[-1][1] += 1
         else:

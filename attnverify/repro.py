@@ -42,40 +42,75 @@ def run_repro_command(args) -> int:
 
     if (args.property is None) == (args.inequality is None):
         raise UsageError("repro needs exactly one of --property ID or --inequality \"LHS <= RHS\"")
+    attention = bool(getattr(args, "attention", False))
+    if attention and args.inequality is not None:
+        raise UsageError("--attention re-checks a property (--property ID), not an inequality")
     data = read_case(args.case)
     params = _params(data, args.params)
-    if "temperature" in params:
+    if "temperature" in params and not attention:
         positive_temperature(params["temperature"])
     steps = []
     if args.property is not None:
-        _property_id(args.property)
+        _property_id(args.property, attention)
         steps = _sequence(data)
+        case = _case(data, args.property, attention)
     timeout = getattr(args, "timeout", None) or PROFILES["ci"]["timeout_s"]
     ctx = make_context("dev", seed=getattr(args, "seed", 0), timeout=timeout,
                        isolation=False if getattr(args, "no_isolation", False) else None)
     if getattr(args, "reference", None):
         load_target(args.reference)  # a bad reference is a usage error (the user's own: here)
     try:
-        spec = remote.open_normalizer(args.target, params, ctx)
-        if getattr(args, "reference", None):
-            spec = spec.with_reference(args.reference.strip())
+        if attention:
+            spec = attention_spec(args.target, params, ctx, getattr(args, "reference", None))
+        else:
+            spec = remote.open_normalizer(args.target, params, ctx)
+            if getattr(args, "reference", None):
+                spec = spec.with_reference(args.reference.strip())
         if args.property is not None:
-            return _property(args.target, spec, args.property, data, ctx, steps)
+            return _property(args.target, spec, args.property, case, ctx, steps)
         return _inequality(args.target, spec, args.inequality, data, params)
     except (WorkerFailed, remote.TargetRaised) as exc:
         what = getattr(exc, "reason", None) or f"raised {getattr(exc, 'remote_type', '')}: {exc}"
-        print(f"ERROR: {args.target}: the normalizer {what}")
+        print(f"ERROR: {args.target}: the {'kernel' if attention else 'normalizer'} {what}")
         return 1
     finally:
         remote.shutdown()
 
 
-def _property_id(prop_id: str) -> None:
+def _property_id(prop_id: str, attention: bool = False) -> None:
     from attnverify.checks import PROPERTIES
+    from attnverify.sequence import property_of
 
-    if prop_id not in PROPERTIES:
+    if (property_of(prop_id) if attention else PROPERTIES.get(prop_id)) is None:
         raise UsageError(f"unknown property id {prop_id!r}: run 'attnverify properties' for "
                          "the list")
+
+
+def _case(data: dict[str, Any], prop_id: str, attention: bool):
+    """The case to re-check, decoded before any worker starts: an attention case
+    (``"case": "AttnCase"``) from its recipe, any other from its fields."""
+    from attnverify.checks.cases import CASE_TYPES
+    from attnverify.sequence import attention_case
+
+    if attention and data.get("case") == "AttnCase":
+        if not isinstance(data.get("recipe"), dict):
+            raise UsageError("--case: an attention case needs its \"recipe\" (a JSON object)")
+        return attention_case(data["recipe"])
+    return decode_case(data, CASE_TYPES)
+
+
+def attention_spec(target: str, params: dict[str, Any], ctx, reference: str | None):
+    """The attention kernel ``target`` in a worker of its own, lifted to a normalizer as
+    certify --attention checks it (both kinds of property take it)."""
+    import dataclasses
+
+    from attnverify import remote
+    from attnverify.attention.run import lifted_spec
+
+    a = remote.open_attention(target, params or None, ctx)
+    if reference:
+        a = dataclasses.replace(a, reference=reference.strip(), reference_by="option")
+    return lifted_spec(a)
 
 
 def _sequence(data: dict[str, Any]) -> list:
@@ -87,13 +122,11 @@ def _sequence(data: dict[str, Any]) -> list:
     return sequence.decode(data.get("sequence"), CASE_TYPES)
 
 
-def _property(target: str, spec, prop_id: str, data: dict[str, Any], ctx, steps=()) -> int:
+def _property(target: str, spec, prop_id: str, case, ctx, steps=()) -> int:
     from attnverify import sequence
     from attnverify.certify import refusal_text
     from attnverify.checks.base import NormalizerError, Violation, monitor_of
-    from attnverify.checks.cases import CASE_TYPES
 
-    case = decode_case(data, CASE_TYPES)
     label = f"{target}::{prop_id}"
     if steps:  # in this one worker, started for this repro: the state the case needs
         names = ", ".join(dict.fromkeys(s.property for s in steps))

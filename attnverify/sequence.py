@@ -15,8 +15,8 @@ way it was checked) are replayed before it, each attempt in a fresh worker:
    examples, then bisection between the last two lengths);
 2. its smallest example repeated as few times as still fails, where that fails at all (a
    defect that counts calls needs so many calls, not those cases);
-3. then, while it has at most :data:`GREEDY` examples, each example dropped in turn where the
-   rest still fails (fewest calls).
+3. then runs of its examples dropped while the rest still fails: halves, quarters, … down to
+   single examples (delta debugging by complements: fewest calls).
 
 At most :data:`MAX_ATTEMPTS` fresh workers and :data:`BUDGET_S` seconds of replay per failure.
 The counterexample then carries the earlier examples (``"sequence"``, oldest first) and the repro
@@ -31,17 +31,19 @@ import time
 from typing import Any, NamedTuple
 
 from attnverify import heartbeat
+from attnverify.attention import cases as attention_cases
+from attnverify.attention.properties import ATTENTION_PROPERTIES
 from attnverify.checks import PROPERTIES
 from attnverify.checks.base import Deferred, NormalizerError, Violation, monitor_of
 from attnverify.errors import UsageError, WorkerFailed
 from attnverify.remote import Refused, case_bytes, channel_of
-from attnverify.serialize import decode_case, encode_case
+from attnverify.serialize import decode_case, encode_case, jsonable
 
 #: Fresh workers one failure's search may start, and seconds it may take.
 MAX_ATTEMPTS = 24
 BUDGET_S = 30.0
-#: A sequence of at most this many earlier examples is shrunk one example at a time.
-GREEDY = 12
+#: The kinds of target whose worker can be started afresh and its calls replayed.
+KINDS = ("normalizer", "attention")
 #: How an example was checked: the property's check (certify's search) or its re-check (a
 #: shrinking step, a repro).
 HOWS = ("check", "recheck")
@@ -70,9 +72,17 @@ def step_of(prop_id: str, how: str = "check") -> tuple[str, str]:
     return (prop_id, how)
 
 
+def property_of(prop_id: str):
+    """The property ``prop_id`` names: a normalizer property (of a normalizer, or of an attention
+    kernel lifted to one) or an attention-level one; ``None`` for any other id."""
+    return PROPERTIES.get(prop_id) or ATTENTION_PROPERTIES.get(prop_id)
+
+
 def run_step(spec, ctx, step: Step) -> float:
-    """Check ``step`` as it was checked in the run (its exceptions propagate)."""
-    prop = PROPERTIES[step.property]
+    """Check ``step`` as it was checked in the run (its exceptions propagate). For an attention
+    kernel ``spec`` is the kernel lifted to a normalizer (:mod:`attnverify.attention.lift`),
+    which both kinds of property take."""
+    prop = property_of(step.property)
     check = prop.recheck if step.how == "recheck" else prop.check
     heartbeat.example_started(step.case, step_of(step.property, step.how))
     try:
@@ -92,11 +102,11 @@ def replay(spec, ctx, steps) -> None:
 
 
 def applies(spec) -> bool:
-    """Whether the target runs behind a channel that can start a fresh worker (a normalizer;
-    the history of an attention kernel's worker is not replayed)."""
+    """Whether the target runs behind a channel that can start a fresh worker (a normalizer or
+    an attention kernel, :data:`KINDS`)."""
     channel = channel_of(spec)
     monitor = monitor_of(spec)
-    return (channel is not None and getattr(channel, "kind", "") == "normalizer"
+    return (channel is not None and getattr(channel, "kind", "") in KINDS
             and callable(getattr(monitor, "restart", None)))
 
 
@@ -105,7 +115,7 @@ def history(spec, case) -> list[Step]:
     the trailing ones on ``case`` itself (the failure, its confirmation)."""
     out = []
     for step, c, _requests in monitor_of(spec).history.snapshot():
-        if step is None or c is None or step[0] not in PROPERTIES or step[1] not in HOWS:
+        if step is None or c is None or property_of(step[0]) is None or step[1] not in HOWS:
             continue
         out.append(Step(step[0], step[1], c))
     while out and out[-1].case is case:
@@ -121,7 +131,7 @@ def find(prop, spec, ctx, case, exc) -> Found | None:
     if isinstance(exc, Deferred) or not (exc is None or isinstance(exc, (Violation,
                                                                          NormalizerError))):
         return None
-    if not applies(spec) or prop.id not in PROPERTIES:
+    if not applies(spec) or property_of(prop.id) is None:
         return None
     earlier = history(spec, case)
     search = _Search(prop, spec, ctx, case, exc)
@@ -197,18 +207,35 @@ class _Search:
                 else:
                     lo = mid
             best, best_exc = self.cheapest(best, best_exc)
-            if len(best) <= GREEDY:
-                i = 0
-                while i < len(best) and len(best) > 1:
-                    fewer = best[:i] + best[i + 1:]
-                    again = self.fails(fewer)
-                    if again is not None:
-                        best, best_exc = fewer, again
-                    else:
-                        i += 1
+            best, best_exc = self.fewest(best, best_exc)
         except _OutOfBudget:
             pass
         return Found(tuple(best), best_exc, True)
+
+    def fewest(self, best: list[Step], best_exc) -> tuple[list[Step], Any]:
+        """``best`` with runs of steps dropped while the rest still fails: halves first, then
+        quarters, down to single steps (delta debugging by complements), so that the one call
+        a failure needs is found among many in a few attempts; a candidate already tried (the
+        same steps, as a run of repeated steps gives) is not tried again."""
+        size, tried = -(-len(best) // 2), set()
+        while len(best) > 1:
+            dropped, i = False, 0
+            while i < len(best):
+                fewer = best[:i] + best[i + size:]
+                key = tuple(id(s) for s in fewer)
+                if not fewer or key in tried:
+                    i += size
+                    continue
+                tried.add(key)
+                again = self.fails(fewer)
+                if again is not None:
+                    best, best_exc, dropped = fewer, again, True
+                else:
+                    i += size
+            if size == 1 and not dropped:
+                break
+            size = min(-(-len(best) // 2), size if dropped else -(-size // 2))
+        return best, best_exc
 
 
     def cheapest(self, best: list[Step], best_exc) -> tuple[list[Step], Any]:
@@ -240,9 +267,17 @@ class _Search:
 
 def encode(steps, params) -> list[dict[str, Any]]:
     """The steps as the counterexample's ``"sequence"``: oldest first, each the property, how it
-    was checked and the case (:func:`attnverify.serialize.encode_case`)."""
-    return [{"property": s.property, "how": s.how, "case": encode_case(s.case, params)}
-            for s in steps]
+    was checked and the case (:func:`attnverify.serialize.encode_case`; an attention case by
+    its recipe, which rebuilds it exactly)."""
+    out = []
+    for s in steps:
+        entry: dict[str, Any] = {"property": s.property, "how": s.how}
+        if isinstance(s.case, attention_cases.AttnCase):
+            entry["recipe"] = jsonable(s.case.recipe)
+        else:
+            entry["case"] = encode_case(s.case, params)
+        out.append(entry)
+    return out
 
 
 def decode(data: Any, types: dict[str, type]) -> list[Step]:
@@ -253,13 +288,27 @@ def decode(data: Any, types: dict[str, type]) -> list[Step]:
         raise UsageError("--case: \"sequence\" must be a list of earlier calls")
     out = []
     for i, entry in enumerate(data):
-        if not isinstance(entry, dict) or not isinstance(entry.get("case"), dict):
-            raise UsageError(f"--case: sequence entry {i} must be an object with a \"case\"")
+        recipe = entry.get("recipe") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or not (isinstance(entry.get("case"), dict)
+                                               or isinstance(recipe, dict)):
+            raise UsageError(f"--case: sequence entry {i} must be an object with a \"case\" "
+                             "(or an attention case's \"recipe\")")
         prop, how = entry.get("property"), entry.get("how", "check")
-        if prop not in PROPERTIES:
+        if not isinstance(prop, str) or property_of(prop) is None:
             raise UsageError(f"--case: sequence entry {i}: unknown property {prop!r}")
         if how not in HOWS:
             raise UsageError(f"--case: sequence entry {i}: \"how\" must be one of "
                              f"{', '.join(HOWS)}")
-        out.append(Step(prop, how, decode_case(entry["case"], types)))
+        case = (attention_case(recipe, f"sequence entry {i}") if isinstance(recipe, dict)
+                else decode_case(entry["case"], types))
+        out.append(Step(prop, how, case))
     return out
+
+
+def attention_case(recipe: dict[str, Any], where: str = "the case"):
+    """The attention case a recipe builds (:func:`attnverify.attention.cases.build`; the fields
+    it lacks take their defaults); a bad recipe is a usage error."""
+    try:
+        return attention_cases.build({**attention_cases.recipe(), **recipe})
+    except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+        raise UsageError(f"--case: {where}: bad attention recipe ({exc})") from None

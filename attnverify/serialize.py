@@ -261,14 +261,17 @@ def _simple(value: Any) -> bool:
 
 def repro_command(target: str, case: dict[str, Any], *, property: str | None = None,
                   inequality: str | None = None, reference: str | None = None,
-                  seed: int = 0) -> str:
+                  seed: int = 0, attention: bool = False) -> str:
     """The one-line shell command that re-checks ``property`` (or ``inequality``) on ``case``.
 
     Exits 1 with the violation message while the normalizer fails there, 0 once it is fixed.
     ``seed``: the run's seed, written (``--seed S``) unless it is 0, so that a line from a run
-    with ``--seed random`` says which seed found it.
+    with ``--seed random`` says which seed found it. ``attention``: ``target`` is an attention
+    kernel (``--attention``).
     """
     parts = ["attnverify", "repro", target]
+    if attention:
+        parts.append("--attention")
     if property is not None:
         parts += ["--property", property]
     if inequality is not None:

@@ -172,6 +172,10 @@ ZOO: list[Entry] = [
     # ---- a backward wrong only far below zero (issue #25, item 6: the derivatives' domain)
     *_many("planted_far_gradient.py", "test_gradient_domain.py", [
         ("finite_init_backward_softmax", "gradient"), ("online_backward_softmax", "certified")]),
+    *_many("planted_attention_sequence.py", "test_attention_sequence.py", [
+        ("workspace_attention", "shape"), ("autotuned_attention", "attn_reference"),
+        ("shape_cache_attention", "attn_reference"), ("cached_mask_attention", "certified")],
+        "attention"),
     # ---- Triton kernels through the interpreter (issue #26); the kernels behind the declared
     # attention specs are run through those specs
     *_many("planted_triton.py", "test_triton.py", [

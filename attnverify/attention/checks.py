@@ -29,11 +29,14 @@ def _mod_params(a) -> dict:
 
 
 def run(a, q, k, v, mask=None, causal=False, scale=None, gqa=False) -> torch.Tensor:
-    """Call the kernel; its exceptions come back as :class:`NormalizerError`; a result of the
-    wrong type or shape is a violation."""
+    """Call the kernel; its exceptions come back as :class:`NormalizerError` (an output refused
+    at the process boundary passes through: a violation); a result of the wrong type or shape
+    is a violation."""
     kw = {"enable_gqa": True} if gqa else {}
     try:
         out = a(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, **kw)
+    except Violation:  # an output refused at the process boundary: a violation, as for rows
+        raise
     except Exception as exc:  # noqa: BLE001 - the kernel's fault, classified by certify
         raise NormalizerError(exc) from exc
     want = (*q.shape[:-1], v.shape[-1])

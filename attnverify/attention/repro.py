@@ -16,15 +16,13 @@ import sys
 
 def recheck(target: str, prop_id: str, recipe: dict, reference: str = "",
             params: dict | None = None) -> int:
-    import dataclasses
-
     from attnverify import remote
     from attnverify.attention import cases
-    from attnverify.attention.lift import lift
     from attnverify.attention.properties import ATTENTION_PROPERTIES
     from attnverify.certify import make_context
     from attnverify.checks.base import NormalizerError, Violation
     from attnverify.errors import UsageError, WorkerFailed
+    from attnverify.repro import attention_spec
     from attnverify.runconfig import PROFILES
 
     if prop_id not in ATTENTION_PROPERTIES:
@@ -36,10 +34,8 @@ def recheck(target: str, prop_id: str, recipe: dict, reference: str = "",
         raise UsageError(f"bad recipe: {exc}") from None
     ctx = make_context("dev", timeout=PROFILES["ci"]["timeout_s"])
     try:
-        a = remote.open_attention(target, params or None, ctx)  # the kernel in its own worker
-        if reference:
-            a = dataclasses.replace(a, reference=reference, reference_by="option")
-        ratio = ATTENTION_PROPERTIES[prop_id].check(lift(a), case, ctx)
+        spec = attention_spec(target, params or {}, ctx, reference)  # in its own worker
+        ratio = ATTENTION_PROPERTIES[prop_id].check(spec, case, ctx)
     except Violation as exc:
         print(f"{target}::{prop_id} violated: {exc.message}")
         return 1

@@ -168,6 +168,12 @@ def units_of(a: AttentionSpec, claims: list[str] | None, ctx, label: str) -> lis
     return out
 
 
+def lifted_spec(a: AttentionSpec, claims: list[str] | None = None):
+    """``a`` lifted to a normalizer as certify checks it (its claims, or its defaults; the
+    reference it names): the spec both kinds of property take."""
+    return _lifted(a, resolve_claims(a, claims))
+
+
 def _lifted(a: AttentionSpec, chosen: list[str]):
     from attnverify.checks import PROPERTIES
 
@@ -205,7 +211,8 @@ def _attention_counterexample(res, a: AttentionSpec, ctx) -> None:
         value = ce.get(name)
         if isinstance(value, list) and len(json.dumps(value)) > 8 * MAX_INLINE:
             ce[name] = {"inline": False, "note": "rebuilt from the recipe"}
-    if res.property in ATTENTION_PROPERTIES and isinstance(ce.get("recipe"), dict):
+    if (res.property in ATTENTION_PROPERTIES and isinstance(ce.get("recipe"), dict)
+            and not ce.get("sequence")):  # with earlier calls: attnverify repro --attention
         ce["repro"] = repro_line(a, res.property, ce["recipe"])
 
 
