@@ -582,8 +582,9 @@ class Channel:
             self._check_late(everything=False)
         layout = wire.Layout(self.cursor)
         slots = [wire.write_tensor(self.arena, layout, t, device=str(t.device)) for t in tensors]
-        # what each input slot holds now, to read back after the answer (and later requests)
-        expected = self._expected([_bytes_at(self.arena, s) for s in slots], message)
+        # what each input slot must hold, to read back after the answer (and at later
+        # requests): the bytes of this process's own tensors, never read back from the arena
+        expected = self._expected([_raw(t).numpy().tobytes() for t in tensors], message)
         outs = [wire.output_slot(layout, shape, dtype or torch.float64, "cpu")
                 for shape, dtype, _ in outputs]
         self.cursor = layout.used
@@ -788,8 +789,8 @@ def _bytes_at(arena, slot) -> bytes:
 
 
 def _same_bytes(arena, slot, want: bytes) -> bool:
-    """Whether the arena still holds ``want`` (:func:`_bytes_at` as written) at ``slot``, byte
-    for byte."""
+    """Whether the arena still holds ``want`` (the storage span's bytes, :func:`_raw`) at
+    ``slot``, byte for byte."""
     return len(want) == slot.nbytes and _bytes_at(arena, slot) == want
 
 
