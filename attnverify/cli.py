@@ -156,15 +156,22 @@ def hypothesis_home() -> str:
     return os.path.join(cache, "attnverify", "hypothesis")
 
 
+#: Set for a command-line run (and its subprocesses) unless the environment sets it: no
+#: Hypothesis plugin (the ``hypothesis`` entry points of installed packages: trio's, which
+#: imports pytest, HypoFuzz's) is loaded when Hypothesis is imported. A run draws its cases from
+#: attnverify's own strategies and uses no plugin; loading them is start-up time for nothing.
+NO_PLUGINS = "HYPOTHESIS_NO_PLUGINS"
+
+
 def main(argv: list[str] | None = None) -> int:
-    key = "HYPOTHESIS_STORAGE_DIRECTORY"
-    if key in os.environ:
-        return _main(argv)
-    os.environ[key] = hypothesis_home()  # for this run (and its subprocesses) only
+    mine = {"HYPOTHESIS_STORAGE_DIRECTORY": hypothesis_home(), NO_PLUGINS: "1"}
+    mine = {key: value for key, value in mine.items() if key not in os.environ}
+    os.environ.update(mine)  # for this run (and its subprocesses) only
     try:
         return _main(argv)
     finally:
-        os.environ.pop(key, None)
+        for key in mine:
+            os.environ.pop(key, None)
 
 
 def _main(argv: list[str] | None) -> int:

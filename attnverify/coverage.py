@@ -151,6 +151,8 @@ class Coverage:
             self._attention(case)
 
     def _rows(self, case, scores) -> None:
+        import torch
+
         from attnverify.strategies.layouts import plain
 
         count, length = scores.shape
@@ -161,35 +163,39 @@ class Coverage:
         self.axes.add(layout.dim)
         self.layouts.update(layout.kinds)
         self._size(layout.rows_given, length)
-        masked = scores == float("-inf")
-        dead = masked.all(dim=-1)
-        self.masked += int(bool((masked & ~dead.unsqueeze(-1)).any()))
+        # one conversion, then numpy: a case's rows are small, and each torch operation costs
+        # more than the arithmetic (the counts are the same, value for value)
+        z = scores.detach().to(device="cpu", dtype=torch.float64).numpy()
+        masked = z == -math.inf
+        dead = masked.all(axis=-1)
+        self.masked += int(bool((masked & ~dead[:, None]).any()))
         self.fully += int(bool(dead.any())) if length else 0
-        self._values(scores)
+        self._values(z, str(scores.dtype).removeprefix("torch."))
 
-    def _values(self, scores) -> None:
-        """The values, magnitudes and decades (by sign) of the rows' finite scores."""
+    def _values(self, z, dtype: str) -> None:
+        """The values, magnitudes and decades (by sign) of the rows' finite scores (``z``: the
+        rows as a float64 array, ``dtype`` the scores' own)."""
+        import numpy as np  # with torch, on a case's path only: the report needs neither
         import torch
 
-        z = scores.detach().to(device="cpu", dtype=torch.float64)
-        finite = torch.isfinite(z)
-        if not bool(finite.any()):
+        finite = np.isfinite(z)
+        if not finite.any():
             return
-        live = finite.any(-1)
-        low = torch.where(finite, z, math.inf).amin(-1)[live]
-        high = torch.where(finite, z, -math.inf).amax(-1)[live]
+        live = finite.any(axis=-1)
+        low = np.where(finite, z, math.inf).min(axis=-1)[live]
+        high = np.where(finite, z, -math.inf).max(axis=-1)[live]
         self.values += [float(low.min()), float(high.max())]
         self.far_below += int(bool((high < FAR_BELOW).any()))
-        top = torch.where(high.abs() >= low.abs(), high, low)  # the row's largest |z|, signed
+        top = np.where(np.abs(high) >= np.abs(low), high, low)  # the row's largest |z|, signed
         top = top[top != 0]
-        if top.numel():
-            mags = top.abs()
+        if top.size:
+            mags = np.abs(top)
             self.magnitudes += [float(mags.min()), float(mags.max())]
-            exps = torch.floor(torch.log10(mags)).to(torch.int64)
-            seen = self.decades.setdefault(str(scores.dtype).removeprefix("torch."),
-                                           {"+": set(), "-": set()})
-            for sign, pick in (("+", top > 0), ("-", top < 0)):
-                seen[sign].update(exps[pick].unique().tolist())
+            # torch's log10, as before: a decade at a power of ten rounds as it always did
+            exps = torch.floor(torch.log10(torch.from_numpy(mags))).to(torch.int64).tolist()
+            seen = self.decades.setdefault(dtype, {"+": set(), "-": set()})
+            seen["+"].update(e for e, t in zip(exps, top.tolist()) if t > 0)
+            seen["-"].update(e for e, t in zip(exps, top.tolist()) if t < 0)
 
     def _attention(self, case) -> None:
         import torch

@@ -582,6 +582,9 @@ class Channel:
             self._check_late(everything=False)
         layout = wire.Layout(self.cursor)
         slots = [wire.write_tensor(self.arena, layout, t, device=str(t.device)) for t in tensors]
+        # what each input slot must hold, to read back after the answer (and at later
+        # requests): the bytes of this process's own tensors, never read back from the arena
+        expected = self._expected([_raw(t).numpy().tobytes() for t in tensors], message)
         outs = [wire.output_slot(layout, shape, dtype or torch.float64, "cpu")
                 for shape, dtype, _ in outputs]
         self.cursor = layout.used
@@ -595,8 +598,8 @@ class Channel:
         finally:
             heartbeat.charge(time.monotonic() - sent)  # the target's time, not attnverify's
         self._record(reply, message["op"], tensors, message.get("fn"))
-        self._check_inputs(slots, tensors, message, reply)
-        self.written.append(_Written(slots, self._expected(tensors, message), message["op"],
+        self._check_inputs(slots, expected, tensors, message)
+        self.written.append(_Written(slots, expected, message["op"],
                                      heartbeat.current_case(), self.monitor.calls,
                                      message.get("fn"), tensors))
         if not reply["ok"]:
@@ -607,12 +610,12 @@ class Channel:
             results.append(t if device in (None, "cpu") else t.to(device))
         return reply, results
 
-    def _check_inputs(self, slots, tensors: list, message: dict, reply: dict) -> None:
-        """Every input's bytes in the arena after the answer, against what was written there:
-        a difference is the target writing into its arguments (the worker gives a CPU target
-        the arena's bytes themselves, so this is read here, not reported by the worker).
-        Refused (a violation of the running property), and kept for ``no_mutation``."""
-        expected = self._expected(tensors, message)
+    def _check_inputs(self, slots, expected: list, tensors: list, message: dict) -> None:
+        """Every input's bytes in the arena after the answer, against what was written there
+        (``expected``: :meth:`_expected`): a difference is the target writing into its
+        arguments (the worker gives a CPU target the arena's bytes themselves, so this is read
+        here, not reported by the worker). Refused (a violation of the running property), and
+        kept for ``no_mutation``."""
         for i, (slot, t) in enumerate(zip(slots, tensors)):
             if slot.elements and not _same_bytes(self.arena, slot, expected[i]):
                 call = next((k for k, c in enumerate(message.get("calls") or ())
@@ -627,14 +630,15 @@ class Channel:
                 raise Refused(what)
 
     @staticmethod
-    def _expected(tensors: list, message: dict) -> list:
-        """What each input slot must hold after the answer: its own values, or those of the
-        call that reused its storage (given call i's values after it returned)."""
-        expected = list(range(len(tensors)))
+    def _expected(written: list, message: dict) -> list:
+        """What each input slot must hold after the answer, from ``written`` (each slot's bytes
+        as written): its own bytes, or those of the call that reused its storage (given call
+        i's values after it returned)."""
+        expected = list(range(len(written)))
         for i, call in enumerate(message.get("calls") or ()):
             if isinstance(call, dict) and type(call.get("reuse")) is int:
                 expected[call["reuse"]] = i
-        return [tensors[j] for j in expected]
+        return [written[j] for j in expected]
 
     def _check_late(self, everything: bool) -> None:
         """The inputs of earlier requests read back again: the last request's (``everything``
@@ -737,7 +741,7 @@ class Channel:
             text = printable(text, 300)
             if text not in self.monitor.warnings and len(self.monitor.warnings) < MAX_WARNINGS:
                 self.monitor.warnings.append(text)
-        scores = self._scores(tensors, fn)
+        scores = self._scores(tensors, fn) if effects else None
         for what in effects:
             self.monitor.effects.append(Event(printable(what, 300), op, heartbeat.current_case(),
                                               self.monitor.calls, scores))
@@ -779,13 +783,15 @@ def _traceback(reply: dict) -> list[str] | None:
     return [printable(line, 300) for line in lines]
 
 
-def _same_bytes(arena, slot, t: torch.Tensor) -> bool:
-    """Whether the arena still holds ``t``'s storage span at ``slot``, byte for byte."""
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    flat = torch.as_strided(t, (slot.elements,), (1,), 0).contiguous()
-    return torch.equal(wire.view_of(arena, slot).view(torch.uint8), flat.view(torch.uint8))
+def _bytes_at(arena, slot) -> bytes:
+    """A copy of the arena's bytes of ``slot`` (its whole storage span)."""
+    return arena.buffer[slot.offset:slot.offset + slot.nbytes]
+
+
+def _same_bytes(arena, slot, want: bytes) -> bool:
+    """Whether the arena still holds ``want`` (the storage span's bytes, :func:`_raw`) at
+    ``slot``, byte for byte."""
+    return len(want) == slot.nbytes and _bytes_at(arena, slot) == want
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,7 @@ worker leaves behind is reparented to it and killed.
 from __future__ import annotations
 
 import collections
+import gc
 import inspect
 import itertools
 import operator
@@ -225,11 +226,16 @@ def _more_flags():
     return out
 
 
-def _flushes_denormals() -> bool:
-    import torch
+#: A subnormal double: a product with it is zero where denormals are flushed.
+_TINY = 1e-310
 
-    tiny = torch.tensor([1e-310], dtype=torch.float64)
-    return bool((tiny * 1.0)[0] == 0.0)
+
+def _flushes_denormals() -> bool:
+    """Whether the floating-point unit flushes denormals (``torch.set_flush_denormal`` sets
+    the CPU's flush-to-zero and denormals-are-zero modes, which Python's own float arithmetic
+    obeys as torch's does): a Python product, no tensor made at every call."""
+    tiny = _TINY  # a name, not a literal: the product is computed here, not folded at compile
+    return tiny * 1.0 == 0.0
 
 
 class _RngState:
@@ -280,15 +286,92 @@ def _namespaces():
     return out
 
 
+def _dict_of(owner) -> dict:
+    """The dictionary itself behind ``vars(owner)`` (a class's is behind a read-only proxy)."""
+    space = vars(owner)
+    if type(space) is dict:
+        return space
+    inner = [d for d in gc.get_referents(space) if type(d) is dict]
+    if len(inner) != 1:
+        raise TypeError(f"no dictionary behind vars({owner!r})")
+    return inner[0]
+
+
+def _version_reader(dicts: list):
+    """A function that returns the version tags of ``dicts`` (CPython's per-dictionary tag of
+    PEP 509, given a new value at every change of the dictionary's contents), or ``None`` where
+    this Python has no such tag to read. The tag is read from the dictionary object's memory,
+    at the offset CPython 3.11–3.13 put it; a test on probe dictionaries (a module's and a
+    class's: a rebinding, an addition and a deletion each change the tag, a read does not)
+    decides whether it is used at all."""
+    if sys.implementation.name != "cpython" or not (3, 11) <= sys.version_info[:2] <= (3, 13):
+        return None
+    try:
+        import ctypes
+
+        offset = 2 * ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
+
+        def cells(spaces):
+            return [ctypes.c_uint64.from_address(id(d) + offset) for d in spaces]
+
+        def read(cs):
+            return list(map(_VALUE, cs))
+
+        class Probe:
+            pass
+
+        module = type(sys)("attnverify_probe")
+        module.f = len
+        probes = [vars(module), _dict_of(Probe)]
+        probe_cells = cells(probes)
+        for change in (lambda o: setattr(o, "f", abs), lambda o: setattr(o, "g", abs),
+                       lambda o: delattr(o, "g"), lambda o: setattr(o, "f", len)):
+            for owner, cell in ((module, probe_cells[0]), (Probe, probe_cells[1])):
+                before = cell.value
+                getattr(owner, "f", None)
+                if cell.value != before:
+                    return None
+                change(owner)
+                if cell.value == before:
+                    return None
+    except Exception:  # noqa: BLE001 - no tag to read here: every call compares every name
+        return None
+    watched = cells(dicts)
+    keep = list(dicts)  # the cells point into these objects: they stay alive with the reader
+
+    def versions() -> list:
+        assert keep
+        return read(watched)
+
+    return versions
+
+
+_VALUE = operator.attrgetter("value")
+
+
 class StateGuard:
     """Compares the global state after a call with the state before it, and undoes changes.
     The getters and the functions' original objects are taken once, before any target is
-    imported."""
+    imported.
+
+    The watched functions and namespaces live in a few dictionaries (modules' and classes');
+    where their version tags can be read (:func:`_version_reader`), a call that changed none
+    of them is not compared name by name: the comparison runs only after a call that changed
+    one of those dictionaries, so a change is still found at the call that made it."""
 
     def __init__(self) -> None:
         self.functions = _watched_functions()
         self.flags = _flags() + _more_flags()
         self.namespaces = _namespaces()
+        dicts: dict[int, dict] = {}
+        for _label, owner, _name, _found in self.functions:
+            for space in getattr(owner, "__mro__", None) or (owner,):
+                d = _dict_of(space)
+                dicts[id(d)] = d
+        for _label, owner, _names in self.namespaces:
+            d = _dict_of(owner)
+            dicts[id(d)] = d
+        self.versions = _version_reader(list(dicts.values()))
         #: Public names of ``torch.Tensor``'s bases: a binding of one in ``torch.Tensor``
         #: itself shadows a method (a patch), where another new name is only an addition.
         import torch
@@ -298,7 +381,11 @@ class StateGuard:
         self._tensor = torch.Tensor
         self._tensor_size = len(vars(torch.Tensor))
 
-    def snapshot(self) -> list:
+    def snapshot(self) -> tuple:
+        """The state before a call: ``(version tags or None, flag values)``."""
+        return (None if self.versions is None else self.versions()), self._flag_values()
+
+    def _flag_values(self) -> list:
         out = []
         for _name, get, _set in self.flags:
             try:
@@ -307,8 +394,26 @@ class StateGuard:
                 out.append(_MISSING)
         return out
 
-    def check(self, before: list) -> list[str]:
-        """What changed since ``before`` (each undone), as plain phrases."""
+    def check(self, before: tuple) -> list[str]:
+        """What changed since ``before`` (a :meth:`snapshot`; each change undone), as plain
+        phrases."""
+        tags, before = before
+        bound = tags is None or self.versions() != tags  # a watched dictionary was written
+        changes = self._functions() if bound else []
+        after = self._flag_values()
+        for (name, _get, restore), old, new in zip(self.flags, before, after):
+            if not _same(new, old):
+                changes.append(f"{name} changed from {_shown(old)} to {_shown(new)}")
+                try:
+                    restore(old)
+                except Exception:  # noqa: BLE001
+                    changes.append(f"{name} could not be restored")
+        if bound:
+            for label, owner, original in self.namespaces:
+                changes += self._namespace(label, owner, original)
+        return changes
+
+    def _functions(self) -> list[str]:
         changes = []
         for label, owner, name, original in self.functions:
             try:
@@ -321,16 +426,6 @@ class StateGuard:
                     setattr(owner, name, original)
                 except Exception:  # noqa: BLE001
                     changes.append(f"{label} could not be restored")
-        after = self.snapshot()
-        for (name, _get, restore), old, new in zip(self.flags, before, after):
-            if not _same(new, old):
-                changes.append(f"{name} changed from {_shown(old)} to {_shown(new)}")
-                try:
-                    restore(old)
-                except Exception:  # noqa: BLE001
-                    changes.append(f"{name} could not be restored")
-        for label, owner, original in self.namespaces:
-            changes += self._namespace(label, owner, original)
         return changes
 
     def _namespace(self, label: str, owner, original: dict) -> list[str]:
