@@ -58,6 +58,7 @@ H_kv·(d + d_v)]`` buffer).
 from __future__ import annotations
 
 import math
+from functools import cache
 from typing import Any, NamedTuple
 
 import torch
@@ -348,32 +349,59 @@ def build(recipe: dict[str, Any]) -> AttnCase:
 # Strategies
 
 
+# Every strategy below is built once per distinct set of parameters and reused by every draw:
+# building (and Hypothesis validating) a fresh ``one_of``/``sampled_from`` tree inside each draw
+# cost most of a draw's time.
+
+
+@cache
+def _ints(lo: int, hi: int):
+    return st.integers(lo, hi)
+
+
+@cache
+def _among(values: tuple):
+    return st.sampled_from(values)
+
+
+@cache
 def _lengths(lo: int, hi: int):
     """Mostly short lengths, sometimes long ones (powers of two and their neighbours)."""
     hi = max(lo, hi)
-    small = st.integers(lo, min(hi, 16))
+    small = _ints(lo, min(hi, 16))
     if hi <= 16:
         return small
     big = [n for n in (31, 33, 40, 63, 64, 65, 127, 128, 129, 255, 257, 512, 1000, 1023, 1024,
                        1025, 2048, 4096) if lo <= n <= hi]
-    return st.one_of(small, st.integers(lo, hi), st.sampled_from(big or [hi]))
+    return st.one_of(small, _ints(lo, hi), _among(tuple(big or [hi])))
 
 
 def _heads(draw, gqa, max_heads: int) -> tuple[int, int]:
     """``(h, h_kv)``: ``gqa=False`` one key/value head per query head; ``True`` fewer (a group of
     2 to 16 over 1 to 8 key/value heads); ``"mixed"`` either."""
     if gqa is False:
-        counts = [n for n in HEAD_COUNTS if n <= max_heads]
-        small = st.integers(1, min(4, max_heads))
-        h = draw(_mostly(small, st.sampled_from(counts)) if counts else small)
+        h = draw(_same_heads(max_heads))
         return h, h
     groups = [n for n in ((1, *GROUPS) if gqa == "mixed" else GROUPS) if n <= max_heads] or [1]
-    group = draw(_mostly(st.sampled_from(groups[:3]), st.sampled_from(groups)))
-    kvs = [n for n in KV_HEADS if n * group <= max_heads] or [1]
-    kv = draw(_mostly(st.sampled_from(kvs[:2]), st.sampled_from(kvs)))
+    group = draw(_mostly(_among(tuple(groups[:3])), _among(tuple(groups))))
+    kv = draw(_kv_heads(group, max_heads))
     return kv * group, kv
 
 
+@cache
+def _same_heads(max_heads: int):
+    counts = tuple(n for n in HEAD_COUNTS if n <= max_heads)
+    small = _ints(1, min(4, max_heads))
+    return _mostly(small, _among(counts)) if counts else small
+
+
+@cache
+def _kv_heads(group: int, max_heads: int):
+    kvs = tuple(n for n in KV_HEADS if n * group <= max_heads) or (1,)
+    return _mostly(_among(kvs[:2]), _among(kvs))
+
+
+@cache
 def _mostly(common, rare):
     """``common`` three times in four, else ``rare`` (shrinking goes to ``common``): the big
     shapes stay reachable without making every example slow."""
@@ -381,18 +409,19 @@ def _mostly(common, rare):
 
 
 def _mask_fields(draw, masks, mask_types, dead: bool, dtype: str) -> dict[str, Any]:
-    kind = draw(st.sampled_from(masks))
+    kind = draw(_among(tuple(masks)))
     out = {"mask": kind, "dead": dead and kind not in ("none", "causal")}
     if kind in PATTERN_SHAPES:
-        out["mask_type"] = draw(st.sampled_from(mask_types))
-        shape = draw(st.sampled_from(PATTERN_SHAPES[kind]))
+        out["mask_type"] = draw(_among(tuple(mask_types)))
+        shape = draw(_among(tuple(PATTERN_SHAPES[kind])))
         views = ("plain", "sliced") if shape == "full" else MASK_VIEWS
-        out.update(mask_shape=shape, mask_view=draw(st.sampled_from(views)))
+        out.update(mask_shape=shape, mask_view=draw(_among(tuple(views))))
         if out["mask_type"] == "additive":
             out["offset"] = draw(_offsets(dtype))
     return out
 
 
+@cache
 def _offsets(dtype: str):
     """The constant offset of an additive mask: none three times in four, else
     :func:`attnverify.strategies.domain.offsets` of the dtype (a large constant a kernel must
@@ -412,33 +441,49 @@ def recipes(*, dtypes, masks=("none",), max_keys=MAX_KEYS, gqa=False, head_dims=
     dims = [d for d in head_dims if max_head_dim is None or d <= max_head_dim] or [
         min(head_dims)]
 
+    common = tuple(x for x in dims if x <= 64 and not x & (x - 1)) or tuple(dims)
+    batches = _mostly(_ints(min_batch, max(min_batch, 2)),
+                      _ints(min_batch, max(min_batch, max_batch)))
+    head_dim = st.one_of(_among(common), _among(tuple(dims)))
+    fixed = {name: _among(tuple(values)) for name, values in (
+        ("scale_mode", scales), ("dtype", names), ("qk", QK_KINDS), ("mag", MAGNITUDES),
+        ("keep", (0.5, 0.1, 0.9)), ("layout", layouts))}
+    window, seed = _ints(1, 8), _ints(0, 2**16)
+
     @st.composite
     def draw(draw):
-        b = draw(_mostly(st.integers(min_batch, max(min_batch, 2)),
-                         st.integers(min_batch, max(min_batch, max_batch))))
+        b = draw(batches)
         h, h_kv = _heads(draw, gqa, max_heads)
-        common = [x for x in dims if x <= 64 and not x & (x - 1)] or dims
-        d = draw(st.one_of(st.sampled_from(common), st.sampled_from(dims)))
-        d_v = draw(st.one_of(st.just(d), st.just(d), st.sampled_from(dims)))
+        d = draw(head_dim)
+        d_v = draw(_value_dims(d, tuple(dims)))
         room = max(1, budget // (b * h))
         l_q = draw(_lengths(1, min(MAX_QUERIES, max(1, room // max(1, min_keys)))))
         l_k = draw(_lengths(min_keys, max(min_keys, min(max_keys, room // l_q))))
-        scale_mode = draw(st.sampled_from(scales))
-        dtype = draw(st.sampled_from(names))
+        scale_mode = draw(fixed["scale_mode"])
+        dtype = draw(fixed["dtype"])
         out = {
             "b": b, "h": h, "h_kv": h_kv, "l_q": l_q, "l_k": l_k, "d": d, "d_v": d_v,
-            "dtype": dtype, "qk": draw(st.sampled_from(QK_KINDS)),
-            "mag": draw(st.sampled_from(MAGNITUDES)),
+            "dtype": dtype, "qk": draw(fixed["qk"]), "mag": draw(fixed["mag"]),
             **_mask_fields(draw, masks, mask_types, dead, dtype),
-            "keep": draw(st.sampled_from((0.5, 0.1, 0.9))), "window": draw(st.integers(1, 8)),
+            "keep": draw(fixed["keep"]), "window": draw(window),
             "scale": ("default" if scale_mode == "default"
-                      else draw(st.sampled_from((0.5, 1.0, 1.0 / math.sqrt(d) * 2)))),
+                      else draw(_explicit_scales(d))),
             "positive_v": positive_v, "device": device,
-            "seed": draw(st.integers(0, 2**16)), "layout": draw(st.sampled_from(layouts)),
+            "seed": draw(seed), "layout": draw(fixed["layout"]),
         }
         return out if cap is None else capped(out, *cap)
 
     return draw()
+
+
+@cache
+def _value_dims(d: int, dims: tuple):
+    return st.one_of(st.just(d), st.just(d), _among(dims))
+
+
+@cache
+def _explicit_scales(d: int):
+    return _among((0.5, 1.0, 1.0 / math.sqrt(d) * 2))
 
 
 def capped(r: dict[str, Any], programs: int, queries: int) -> dict[str, Any]:
