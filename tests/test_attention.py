@@ -85,6 +85,7 @@ def test_recipes_build_the_same_tensors_twice():
 PLANTED = ATTENTION  # the zoo's table (tests/zoo.py)
 
 
+@pytest.mark.slow  # a certification and two repro workers per planted kernel
 @pytest.mark.parametrize("attr, prop_id", PLANTED)
 def test_planted_attention_defect_is_caught_and_reproduces(attr, prop_id):
     res = _run(attr, prop_id)
@@ -102,6 +103,7 @@ def test_counterexample_is_shrunk():
     assert r["l_q"] != r["l_k"] and r["l_q"] * r["l_k"] <= 18, r
 
 
+@pytest.mark.slow  # every property on two kernels
 def test_correct_kernels_pass_every_attention_property():
     for name in (f"{FILE}:eager_attention", "sdpa"):
         a = load_attention(name)
@@ -110,6 +112,7 @@ def test_correct_kernels_pass_every_attention_property():
             assert res.status in ("holds", "not_applicable"), (name, prop.id, res.message)
 
 
+@pytest.mark.slow  # a whole certification
 def test_sdpa_is_certified_on_the_dev_profile():
     from attnverify import remote
 
@@ -120,6 +123,7 @@ def test_sdpa_is_certified_on_the_dev_profile():
     assert res.worker_pids and os.getpid() not in res.worker_pids
 
 
+@pytest.mark.slow  # a whole certification
 def test_attention_spec_public_constructor_and_claims():
     def kernel(q, k, v, attn_mask=None, is_causal=False, scale=None):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
@@ -139,6 +143,7 @@ def test_attention_spec_public_constructor_and_claims():
 # The command line
 
 
+@pytest.mark.slow  # certify and repro from the command line
 def test_cli_certify_attention_planted_exits_1_with_repro(tmp_path, capsys):
     out = tmp_path / "cert.json"
     code = main(["certify", "--attention", f"{FILE}:bottom_right_causal", "--profile", "dev",
@@ -202,6 +207,7 @@ def test_unavailable_backend_is_skipped_with_its_reason():
     assert res.verdict == "not_checked"  # nothing ran: never "certified"
 
 
+@pytest.mark.slow  # two certifications of eager beside the unavailable backend
 def test_cli_run_where_nothing_could_be_checked_is_exit_2(capsys, tmp_path):
     from attnverify.cli import main
 
@@ -240,6 +246,7 @@ def test_flex_attention_once():
         assert res.status == "holds", (prop_id, res.message)
 
 
+@pytest.mark.slow  # a pytest run of the suite
 def test_pytest_plugin_runs_the_attention_suite(tmp_path):
     out = tmp_path / "cert.json"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -276,6 +283,7 @@ def test_tolerance_rule_needs_the_score_rounding_term_and_still_catches_a_scale_
     assert ratios(small, scale=(1 + 1e-3) / 8)[1] > 1
 
 
+@pytest.mark.slow  # certify and repro from the command line
 def test_lifted_property_counterexample_reproduces_through_attnverify_repro(capsys):
     """A normalizer property failed by the lifted kernel has an ``attnverify repro`` line (the
     lifted kernel loads as ``attnverify.attention.lift:TARGET``) that exits 1."""

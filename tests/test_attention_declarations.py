@@ -168,6 +168,7 @@ def test_a_side_effect_is_caught_whatever_the_score_mod(tmp_path):
     ("gqa_text", "gqa='yes'"),
     ("odd_space", "space='banana'"),
 ])
+@pytest.mark.slow  # a certification per malformed description
 def test_a_malformed_description_fails_the_target_not_the_run(attr, needle, tmp_path, capsys):
     code, data = _certify(tmp_path, f"{DECL}:{attr},sdpa")
     bad, good = data["targets"]

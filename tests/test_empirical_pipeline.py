@@ -170,6 +170,7 @@ def test_token_windows_are_consecutive(tmp_path):
 # ---- end to end ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # every experiment, twice
 def test_pipeline_end_to_end_and_resume(tmp_path, capsys):
     out = tmp_path / "run"
     code, stdout, _ = run_cli(QUICK + ["--out", str(out), "--normalizers", "sparsemax"], capsys)
@@ -197,6 +198,7 @@ def test_pipeline_end_to_end_and_resume(tmp_path, capsys):
     assert redone["experiments"] == doc["experiments"]
 
 
+@pytest.mark.slow  # two runs of the pipeline
 def test_resume_redoes_only_what_is_missing(tmp_path, capsys):
     out = tmp_path / "run"
     args = QUICK + ["--out", str(out), "--experiments", "distance_vs_length,rank_collapse"]

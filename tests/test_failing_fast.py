@@ -80,6 +80,7 @@ def test_a_whole_answer_still_crosses():
     ("announces_a_huge_frame", "broke the worker protocol: the worker sent a frame of 8388608"),
     ("crashes", "exited the worker process (exit code 3)"),
 ])
+@pytest.mark.slow  # a whole run against a target that fails every call
 def test_a_target_failing_every_call_is_failed_in_full_after_a_few_workers(
         capsys, tmp_path, name, first):
     target = f"{CHANNEL}:{name}"

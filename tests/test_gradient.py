@@ -51,6 +51,7 @@ def test_halved_gradient_is_caught_on_a_plain_row():
     G.check_gradient(planted("classic_softmax"), case([[0.3, -1.0, 2.0]]), CTX)
 
 
+@pytest.mark.slow  # whole certifications
 @pytest.mark.parametrize("attr", ["classic_softmax", "once_softmax"])
 def test_correct_classic_functions_are_certified_with_jacobian_claims(attr):
     res = certify_target(planted(attr), JACOBIAN_CLAIMS, CTX)

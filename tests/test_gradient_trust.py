@@ -43,6 +43,7 @@ def case(rows, dtype=F64, temperature=None, seed=0) -> RowCase:
 # (a) the weights with grad enabled are those without
 
 
+@pytest.mark.slow  # certify from the command line
 def test_weights_under_grad_are_checked_through_the_cli(tmp_path, capsys):
     """Across the process boundary: a target whose forward with grad enabled returns other
     weights fails gradient (and nothing else), with or without the right gradient for them."""
