@@ -68,6 +68,7 @@ def without_sequence(line: str) -> str:
     # the log-sum-exp of the first input of a shape reused for the next: one earlier call
     ("shape_cache_attention", "attn_reference", "float64 eager reference", 1),
 ])
+@pytest.mark.slow  # searches with fresh workers, then repro runs
 def test_an_attention_defect_across_calls_is_reported_with_its_sequence_and_reproduces(
         attr, prop_id, needle, most, capsys):
     prop = PROPERTIES.get(prop_id) or ATTENTION_PROPERTIES[prop_id]

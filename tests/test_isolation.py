@@ -76,6 +76,7 @@ def failed(data) -> dict:
     ("switches_backend", "no_side_effects", "torch.backends.mkldnn.enabled changed"),
     ("forges_answers", "shape", "broke the worker protocol"),
 ])
+@pytest.mark.slow  # a whole certification per tamperer
 def test_tamperer_fails(capsys, tmp_path, name, prop, fragment):
     code, data = certify(capsys, tmp_path, f"{TAMPERERS}:{name}", "--reference", "softmax",
                          "--claims", "simplex")
@@ -98,6 +99,7 @@ def test_no_graph_anywhere_is_not_applicable(capsys, tmp_path):
     assert grad["status"] == "not_applicable" and "no autograd graph on any" in grad["message"]
 
 
+@pytest.mark.slow  # a whole certification in process
 def test_mutation_is_read_back_without_isolation(capsys, tmp_path):
     code, data = certify(capsys, tmp_path, f"{TAMPERERS}:clobbers_input", "--reference",
                          "softmax", "--claims", "simplex", "--no-isolation")
@@ -241,6 +243,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # a whole certification in process
 def test_no_isolation_is_recorded(capsys, tmp_path):
     code, data = certify(capsys, tmp_path, "softmax", "--claims", "", "--no-isolation")
     assert code == 0
@@ -404,6 +407,7 @@ def test_nothing_the_worker_sends_can_forge_a_line_of_the_report(capsys, tmp_pat
     assert "\x1b" not in out + err + path.read_text()
 
 
+@pytest.mark.slow  # a certification and its repro
 def test_a_side_effect_on_a_view_reproduces(capsys, tmp_path):
     """A side effect seen on a large input given as a view is reported on the case of rows that
     call was made on, in its layout, and the repro line re-checks it (exit 1), not a traceback."""

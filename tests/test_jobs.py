@@ -25,6 +25,7 @@ def _comparable(cert: dict) -> dict:
     return cert
 
 
+@pytest.mark.slow  # two whole certifications
 def test_two_jobs_write_the_serial_certificate(capsys, tmp_path):
     paths = {}
     for n in (1, 2):

@@ -395,6 +395,7 @@ def test_an_undeclared_restriction_fails_with_the_kernels_exception():
 # Correct kernels, and what the certificate says
 
 
+@pytest.mark.slow  # a whole certification
 def test_a_kernel_with_declared_restrictions_is_certified_for_them():
     res = certify_target(target("contiguous_lastdim_declared"), None, CTX)
     assert res.verdict == "certified", [(r.property, r.message) for r in res.results
@@ -410,6 +411,7 @@ def test_a_kernel_with_declared_restrictions_is_certified_for_them():
     assert "certified for: contiguous, offset layouts only; the last axis only" in table
 
 
+@pytest.mark.slow  # a whole certification
 def test_contiguous_alone_is_never_given_an_offset():
     """A row taken out of its batch (batch_independent, mask_zero, …) reaches a kernel that
     declares "contiguous" alone as a block at offset 0, like every other input."""
@@ -419,6 +421,7 @@ def test_contiguous_alone_is_never_given_an_offset():
     assert res.to_json()["coverage"]["layouts"] == ["contiguous"]
 
 
+@pytest.mark.slow  # a whole certification
 def test_a_kernel_declaring_a_view_and_an_offset_is_certified_on_the_two_together():
     spec = target("transposed_declared")
     res = certify_target(spec, None, CTX)
@@ -432,6 +435,7 @@ def test_a_kernel_declaring_a_view_and_an_offset_is_certified_on_the_two_togethe
     assert together and space.admits(C.battery_layout(spec, 4, 9, together[0]))
 
 
+@pytest.mark.slow  # a whole certification
 def test_a_correct_kernel_is_certified_on_every_layout_and_the_coverage_says_so():
     res = certify_target(target("any_layout_softmax"), None, CTX)
     assert res.verdict == "certified"

@@ -128,6 +128,7 @@ def test_the_users_traceback_keeps_their_frames_and_drops_attnverifys():
     assert not any(os.sep + "attnverify" + os.sep + "worker.py" in line for line in lines)
 
 
+@pytest.mark.slow  # certify runs on the command line
 def test_a_raising_target_keeps_its_traceback_in_the_json_and_shows_it_on_request(user_file,
                                                                                    tmp_path):
     code, data, text = _certify(f"{user_file}:boom", tmp_path, "--traceback")

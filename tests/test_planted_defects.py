@@ -25,6 +25,7 @@ def statuses(attr: str, claims=("simplex",)) -> dict[str, str]:
     return {r.property: r.status for r in res.results}
 
 
+@pytest.mark.slow  # a ci certification per planted defect
 @pytest.mark.parametrize("attr, broken", PLANTED)  # the zoo's table (tests/zoo.py)
 def test_planted_defect_is_found(attr, broken):
     got = statuses(attr)
@@ -45,6 +46,7 @@ def test_false_claim_on_a_correct_normalizer_is_found():
         ("entmax_sparsemax", ("simplex", "shift_invariant", "order_preserving")),
     ],
 )
+@pytest.mark.slow  # a ci certification per control
 def test_correct_third_party_passes(attr, claims):
     pytest.importorskip("entmax")
     got = statuses(attr, claims)

@@ -53,6 +53,7 @@ def without_sequence(line: str) -> str:
     # the log-sum-exp of the first input of a shape reused for the next: one earlier call
     ("shape_cache_softmax", "simplex", "row sum", 1),
 ])
+@pytest.mark.slow  # searches with fresh workers, then repro runs
 def test_a_defect_across_calls_is_reported_with_its_sequence_and_reproduces(
         attr, prop_id, needle, most, capsys):
     spec = remote.open_normalizer(f"{FILE}:{attr}", {}, CI)

@@ -151,6 +151,7 @@ def test_a_target_whose_import_misses_triton_exits_2(tmp_path, capsys):
 # ---- the examples, through the interpreter in the worker ----------------------------------
 
 
+@pytest.mark.slow  # a certification through the Triton interpreter
 @needs_triton
 def test_one_block_row_softmax_holds_under_the_interpreter():
     res = _certify(f"{EXAMPLES / 'softmax_rows.py'}:softmax",
@@ -171,6 +172,7 @@ def test_one_block_row_softmax_holds_under_the_interpreter():
         "profile": "dev", "seed": 0})
 
 
+@pytest.mark.slow  # a certification through the Triton interpreter
 @needs_triton
 def test_online_softmax_holds_under_the_interpreter():
     res = _certify(f"{EXAMPLES / 'softmax_online.py'}:softmax", ("matches_reference",),
@@ -178,6 +180,7 @@ def test_online_softmax_holds_under_the_interpreter():
     assert _statuses(res) == {"matches_reference": "holds"}
 
 
+@pytest.mark.slow  # a certification through the Triton interpreter
 @needs_triton
 def test_flash_attention_holds_under_the_interpreter():
     res = _certify(f"{EXAMPLES / 'flash_attention.py'}:spec", ("attn_causal", "attn_gradients"),
@@ -202,6 +205,7 @@ def test_flash_attention_holds_under_the_interpreter():
     ("causal_off_by_one", "attn_causal", None),
     ("half_accumulator", "attn_causal", None),
 ])
+@pytest.mark.slow  # a search through the Triton interpreter and a repro
 def test_planted_triton_defect_is_a_violation_its_repro_finds_again(attr, prop, reference,
                                                                     capsys):
     attention = attr in ("causal_off_by_one", "half_accumulator")

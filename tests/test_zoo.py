@@ -100,6 +100,7 @@ DEFECTS = [e for e in ZOO if e.run_by == SELF and e.expect not in ("certified", 
 CONTROLS = [e for e in ZOO if e.run_by == SELF and e.expect == "certified"]
 
 
+@pytest.mark.slow  # a ci certification per defect
 @pytest.mark.parametrize("entry", DEFECTS, ids=[e.attr for e in DEFECTS])
 def test_zoo_defect_is_caught_by_the_ci_profile(entry):
     ctx = _ctx(entry)
@@ -111,6 +112,7 @@ def test_zoo_defect_is_caught_by_the_ci_profile(entry):
     assert res.status in ("violated", "error"), (entry.attr, entry.expect, res.status)
 
 
+@pytest.mark.slow  # a certification per control
 @pytest.mark.parametrize("entry", CONTROLS, ids=[e.attr for e in CONTROLS])
 def test_zoo_control_is_certified_where_the_domain_is_wide(entry):
     ctx = _ctx(entry, CONTROL_CTX)
