@@ -29,6 +29,7 @@ import atexit
 import collections
 import contextlib
 import dataclasses
+import hashlib
 import inspect
 import math
 import os
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+import typing
 from typing import Any
 
 import torch
@@ -57,6 +59,13 @@ STRIKES = 3
 TIMEOUT_STRIKES = 2
 #: Seconds to wait for a dead worker's exit status.
 STATUS_WAIT_S = 2.0
+#: Arena size (bytes) kept resident across a wrap of its cursor; a larger arena gives its pages
+#: back at each wrap, and one far larger than the request that wraps it is replaced by a fresh
+#: one (a single large case would otherwise keep the memory of both processes for the run).
+KEEP_ARENA = 1 << 26
+#: Inputs up to this size (bytes) are remembered by a copy to read back after the call; larger
+#: ones by a digest (:func:`_remember`).
+COPY_UP_TO = 1 << 20
 
 
 class Refused(Violation):
@@ -578,13 +587,18 @@ class Channel:
         if self.cursor + need > self.arena.size:
             self._check_late(everything=True)  # before their bytes are overwritten
             self.cursor = 0
+            if self.arena.size > KEEP_ARENA:  # its pages go back; a far larger one than this
+                if self.arena.size > 4 * max(need, KEEP_ARENA):  # request needs is replaced
+                    self._ensure_arena(need, replace=True)
+                else:
+                    self.arena.drop_pages()
         else:
             self._check_late(everything=False)
         layout = wire.Layout(self.cursor)
         slots = [wire.write_tensor(self.arena, layout, t, device=str(t.device)) for t in tensors]
         # what each input slot must hold, to read back after the answer (and at later
         # requests): the bytes of this process's own tensors, never read back from the arena
-        expected = self._expected([_raw(t).numpy().tobytes() for t in tensors], message)
+        expected = self._expected([_remember(t) for t in tensors], message)
         outs = [wire.output_slot(layout, shape, dtype or torch.float64, "cpu")
                 for shape, dtype, _ in outputs]
         self.cursor = layout.used
@@ -601,7 +615,7 @@ class Channel:
         self._check_inputs(slots, expected, tensors, message)
         self.written.append(_Written(slots, expected, message["op"],
                                      heartbeat.current_case(), self.monitor.calls,
-                                     message.get("fn"), tensors))
+                                     message.get("fn"), self._reported(tensors)))
         if not reply["ok"]:
             self._raise(reply, message["op"], tensors, message.get("fn"))
         results = []
@@ -711,10 +725,14 @@ class Channel:
             out.append(t if dtype is not None else t.to(torch.float64))
         return reply, out
 
-    def _ensure_arena(self, need: int) -> None:
-        if self.arena is not None and self.arena.size >= need:
+    def _ensure_arena(self, need: int, replace: bool = False) -> None:
+        """An arena ``need`` bytes fit in: the current one, or a larger one (twice the need, at
+        least twice the old size); ``replace``: a fresh one of twice the need. A replaced arena's
+        pages are given back at once (the worker keeps it mapped)."""
+        if self.arena is not None and self.arena.size >= need and not replace:
             return
-        size = max(wire.MIN_ARENA, 2 * need, 2 * (self.arena.size if self.arena else 0))
+        size = max(wire.MIN_ARENA, 2 * need,
+                   0 if replace else 2 * (self.arena.size if self.arena else 0))
         arena = wire.Arena.create(size)
         try:
             reply = self._exchange({"op": "map", "size": arena.size}, (arena.fd,),
@@ -726,6 +744,7 @@ class Channel:
             self._fail("could not map the shared memory")
         if self.arena is not None:
             self._check_late(everything=True)
+            self.arena.drop_pages()
             self.arena.close()
         self.written = []
         self.arena, self.cursor = arena, 0
@@ -745,6 +764,11 @@ class Channel:
         for what in effects:
             self.monitor.effects.append(Event(printable(what, 300), op, heartbeat.current_case(),
                                               self.monitor.calls, scores))
+
+    def _reported(self, tensors: list) -> list:
+        """What of a request's inputs :meth:`_scores` may report later (the scores a normalizer
+        was called on; nothing of an attention kernel's: the others are not kept alive)."""
+        return tensors[:1] if self.kind == "normalizer" else []
 
     def _scores(self, tensors: list, fn) -> torch.Tensor | None:
         """The scores a normalizer was called on (for the report), else ``None``."""
@@ -783,14 +807,39 @@ def _traceback(reply: dict) -> list[str] | None:
     return [printable(line, 300) for line in lines]
 
 
+class _Digest(typing.NamedTuple):
+    """An input remembered by the BLAKE2b digest of its bytes (:func:`_remember`)."""
+
+    nbytes: int
+    value: bytes
+
+
+def _digest(data) -> bytes:
+    return hashlib.blake2b(data, digest_size=32).digest()
+
+
+def _remember(t: torch.Tensor) -> bytes | _Digest:
+    """What ``t``'s slot must hold after the call, to read back: its bytes (:func:`_raw`), or
+    above :data:`COPY_UP_TO` their digest (a copy of every large input until the arena wraps
+    held as much memory again as the arena; a target cannot write a collision of a
+    cryptographic hash)."""
+    raw = _raw(t).numpy()
+    if raw.nbytes <= COPY_UP_TO:
+        return raw.tobytes()
+    return _Digest(raw.nbytes, _digest(raw))
+
+
 def _bytes_at(arena, slot) -> bytes:
     """A copy of the arena's bytes of ``slot`` (its whole storage span)."""
     return arena.buffer[slot.offset:slot.offset + slot.nbytes]
 
 
-def _same_bytes(arena, slot, want: bytes) -> bool:
+def _same_bytes(arena, slot, want: bytes | _Digest) -> bool:
     """Whether the arena still holds ``want`` (the storage span's bytes, :func:`_raw`) at
     ``slot``, byte for byte."""
+    if isinstance(want, _Digest):
+        return want.nbytes == slot.nbytes and want.value == _digest(
+            memoryview(arena.buffer).cast("B")[slot.offset:slot.offset + slot.nbytes])
     return len(want) == slot.nbytes and _bytes_at(arena, slot) == want
 
 
