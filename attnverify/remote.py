@@ -727,12 +727,14 @@ class Channel:
 
     def _ensure_arena(self, need: int, replace: bool = False) -> None:
         """An arena ``need`` bytes fit in: the current one, or a larger one (twice the need, at
-        least twice the old size); ``replace``: a fresh one of twice the need. A replaced arena's
-        pages are given back at once (the worker keeps it mapped)."""
+        least twice the old size, up to :data:`KEEP_ARENA`; beyond it, the need: each such
+        request wraps the arena, which gives its pages back); ``replace``: a fresh one sized by
+        the need alone. A replaced arena's pages are given back at once (the worker keeps it
+        mapped)."""
         if self.arena is not None and self.arena.size >= need and not replace:
             return
-        size = max(wire.MIN_ARENA, 2 * need,
-                   0 if replace else 2 * (self.arena.size if self.arena else 0))
+        grown = 2 * max(need, 0 if replace or self.arena is None else self.arena.size)
+        size = max(wire.MIN_ARENA, grown if grown <= KEEP_ARENA else need)
         arena = wire.Arena.create(size)
         try:
             reply = self._exchange({"op": "map", "size": arena.size}, (arena.fd,),

@@ -475,7 +475,7 @@ def test_one_large_request_does_not_keep_its_memory(monkeypatch):
     try:
         spec(torch.randn(512, 4096, dtype=torch.float64))  # 16 MiB in, 16 MiB out
         big = channel.arena.size
-        assert big >= 1 << 26 and _shmem_kib(channel.pid) * 1024 >= 1 << 25
+        assert big >= 1 << 25 and _shmem_kib(channel.pid) * 1024 >= 1 << 24
         small = torch.randn(64, 256, dtype=torch.float64)
         for _ in range(2 * big // (2 * small.numel() * 8)):
             spec(small)
