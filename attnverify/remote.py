@@ -29,7 +29,6 @@ import atexit
 import collections
 import contextlib
 import dataclasses
-import hashlib
 import inspect
 import math
 import os
@@ -39,7 +38,6 @@ import subprocess
 import sys
 import threading
 import time
-import typing
 from typing import Any
 
 import torch
@@ -63,9 +61,6 @@ STATUS_WAIT_S = 2.0
 #: back at each wrap, and one far larger than the request that wraps it is replaced by a fresh
 #: one (a single large case would otherwise keep the memory of both processes for the run).
 KEEP_ARENA = 1 << 26
-#: Inputs up to this size (bytes) are remembered by a copy to read back after the call; larger
-#: ones by a digest (:func:`_remember`).
-COPY_UP_TO = 1 << 20
 
 
 class Refused(Violation):
@@ -598,7 +593,7 @@ class Channel:
         slots = [wire.write_tensor(self.arena, layout, t, device=str(t.device)) for t in tensors]
         # what each input slot must hold, to read back after the answer (and at later
         # requests): the bytes of this process's own tensors, never read back from the arena
-        expected = self._expected([_remember(t) for t in tensors], message)
+        expected = self._expected([_raw(t).numpy().tobytes() for t in tensors], message)
         outs = [wire.output_slot(layout, shape, dtype or torch.float64, "cpu")
                 for shape, dtype, _ in outputs]
         self.cursor = layout.used
@@ -809,39 +804,14 @@ def _traceback(reply: dict) -> list[str] | None:
     return [printable(line, 300) for line in lines]
 
 
-class _Digest(typing.NamedTuple):
-    """An input remembered by the BLAKE2b digest of its bytes (:func:`_remember`)."""
-
-    nbytes: int
-    value: bytes
-
-
-def _digest(data) -> bytes:
-    return hashlib.blake2b(data, digest_size=32).digest()
-
-
-def _remember(t: torch.Tensor) -> bytes | _Digest:
-    """What ``t``'s slot must hold after the call, to read back: its bytes (:func:`_raw`), or
-    above :data:`COPY_UP_TO` their digest (a copy of every large input until the arena wraps
-    held as much memory again as the arena; a target cannot write a collision of a
-    cryptographic hash)."""
-    raw = _raw(t).numpy()
-    if raw.nbytes <= COPY_UP_TO:
-        return raw.tobytes()
-    return _Digest(raw.nbytes, _digest(raw))
-
-
 def _bytes_at(arena, slot) -> bytes:
     """A copy of the arena's bytes of ``slot`` (its whole storage span)."""
     return arena.buffer[slot.offset:slot.offset + slot.nbytes]
 
 
-def _same_bytes(arena, slot, want: bytes | _Digest) -> bool:
+def _same_bytes(arena, slot, want: bytes) -> bool:
     """Whether the arena still holds ``want`` (the storage span's bytes, :func:`_raw`) at
     ``slot``, byte for byte."""
-    if isinstance(want, _Digest):
-        return want.nbytes == slot.nbytes and want.value == _digest(
-            memoryview(arena.buffer).cast("B")[slot.offset:slot.offset + slot.nbytes])
     return len(want) == slot.nbytes and _bytes_at(arena, slot) == want
 
 
