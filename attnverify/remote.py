@@ -57,6 +57,10 @@ STRIKES = 3
 TIMEOUT_STRIKES = 2
 #: Seconds to wait for a dead worker's exit status.
 STATUS_WAIT_S = 2.0
+#: Arena size (bytes) kept resident across a wrap of its cursor; a larger arena gives its pages
+#: back at each wrap, and one far larger than the request that wraps it is replaced by a fresh
+#: one (a single large case would otherwise keep the memory of both processes for the run).
+KEEP_ARENA = 1 << 26
 
 
 class Refused(Violation):
@@ -578,6 +582,11 @@ class Channel:
         if self.cursor + need > self.arena.size:
             self._check_late(everything=True)  # before their bytes are overwritten
             self.cursor = 0
+            if self.arena.size > KEEP_ARENA:  # its pages go back; a far larger one than this
+                if self.arena.size > 4 * max(need, KEEP_ARENA):  # request needs is replaced
+                    self._ensure_arena(need, replace=True)
+                else:
+                    self.arena.drop_pages()
         else:
             self._check_late(everything=False)
         layout = wire.Layout(self.cursor)
@@ -601,7 +610,7 @@ class Channel:
         self._check_inputs(slots, expected, tensors, message)
         self.written.append(_Written(slots, expected, message["op"],
                                      heartbeat.current_case(), self.monitor.calls,
-                                     message.get("fn"), tensors))
+                                     message.get("fn"), self._reported(tensors)))
         if not reply["ok"]:
             self._raise(reply, message["op"], tensors, message.get("fn"))
         results = []
@@ -711,10 +720,16 @@ class Channel:
             out.append(t if dtype is not None else t.to(torch.float64))
         return reply, out
 
-    def _ensure_arena(self, need: int) -> None:
-        if self.arena is not None and self.arena.size >= need:
+    def _ensure_arena(self, need: int, replace: bool = False) -> None:
+        """An arena ``need`` bytes fit in: the current one, or a larger one (twice the need, at
+        least twice the old size, up to :data:`KEEP_ARENA`; beyond it, the need: each such
+        request wraps the arena, which gives its pages back); ``replace``: a fresh one sized by
+        the need alone. A replaced arena's pages are given back at once (the worker keeps it
+        mapped)."""
+        if self.arena is not None and self.arena.size >= need and not replace:
             return
-        size = max(wire.MIN_ARENA, 2 * need, 2 * (self.arena.size if self.arena else 0))
+        grown = 2 * max(need, 0 if replace or self.arena is None else self.arena.size)
+        size = max(wire.MIN_ARENA, grown if grown <= KEEP_ARENA else need)
         arena = wire.Arena.create(size)
         try:
             reply = self._exchange({"op": "map", "size": arena.size}, (arena.fd,),
@@ -726,6 +741,7 @@ class Channel:
             self._fail("could not map the shared memory")
         if self.arena is not None:
             self._check_late(everything=True)
+            self.arena.drop_pages()
             self.arena.close()
         self.written = []
         self.arena, self.cursor = arena, 0
@@ -745,6 +761,11 @@ class Channel:
         for what in effects:
             self.monitor.effects.append(Event(printable(what, 300), op, heartbeat.current_case(),
                                               self.monitor.calls, scores))
+
+    def _reported(self, tensors: list) -> list:
+        """What of a request's inputs :meth:`_scores` may report later (the scores a normalizer
+        was called on; nothing of an attention kernel's: the others are not kept alive)."""
+        return tensors[:1] if self.kind == "normalizer" else []
 
     def _scores(self, tensors: list, fn) -> torch.Tensor | None:
         """The scores a normalizer was called on (for the report), else ``None``."""

@@ -28,6 +28,7 @@ import mmap
 import os
 import socket
 import struct
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,30 +213,38 @@ class Arena:
     that nothing but the channel stays open in the worker (Python's ``mmap`` keeps a duplicate
     of the descriptor; the mapping is made with libc's ``mmap`` where it can be)."""
 
-    def __init__(self, buffer, size: int, fd: int | None = None, unmap=None):
+    def __init__(self, buffer, size: int, fd: int | None = None, unmap=None, drop=None):
         self.buffer, self.size, self.fd, self._unmap = buffer, size, fd, unmap
+        self._drop = drop
 
     @classmethod
     def create(cls, size: int) -> Arena:
         size = max(MIN_ARENA, _round_up(size, mmap.PAGESIZE))
         fd = _memfd(size)
-        buffer, unmap = _map(fd, size)
-        return cls(buffer, size, fd, unmap)
+        buffer, unmap, drop = _map(fd, size)
+        return cls(buffer, size, fd, unmap, drop)
 
     @classmethod
     def attach(cls, fd: int, size: int) -> Arena:
         try:
             if os.fstat(fd).st_size < size:
                 raise ProtocolError("the arena is smaller than announced")
-            buffer, unmap = _map(fd, size)
+            buffer, unmap, drop = _map(fd, size)
         finally:
             os.close(fd)
-        return cls(buffer, size, None, unmap)
+        return cls(buffer, size, None, unmap, drop)
 
     def release_fd(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+    def drop_pages(self) -> None:
+        """Give the arena's memory back (its bytes read as zeros after): in both processes,
+        also where the other one keeps it mapped (the worker keeps a replaced arena mapped,
+        since the target may hold views of it). Nothing where the platform cannot."""
+        if self._drop is not None:
+            self._drop()
 
     def close(self) -> None:
         self.release_fd()
@@ -247,9 +256,14 @@ class Arena:
                 pass
 
 
+#: ``madvise`` advice that frees a shared mapping's pages in the file itself (Linux).
+MADV_REMOVE = 9
+
+
 def _map(fd: int, size: int):
-    """``(writable buffer, unmap)`` over ``size`` bytes of ``fd``, shared; the buffer does not
-    hold the descriptor."""
+    """``(writable buffer, unmap, drop)`` over ``size`` bytes of ``fd``, shared; the buffer does
+    not hold the descriptor; ``drop()`` frees the file's pages (``MADV_REMOVE``), ``None`` where
+    that is not available."""
     try:
         import ctypes
 
@@ -263,13 +277,18 @@ def _map(fd: int, size: int):
             raise OSError(ctypes.get_errno(), "mmap failed")
         buffer = (ctypes.c_char * size).from_address(address)
 
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
         def unmap():
             libc.munmap(address, size)
 
-        return buffer, unmap
+        def drop():
+            libc.madvise(address, size, MADV_REMOVE)  # fails harmlessly where unsupported
+
+        return buffer, unmap, drop if sys.platform.startswith("linux") else None
     except (OSError, AttributeError):  # no libc mmap: Python's (which keeps a descriptor)
         buffer = mmap.mmap(fd, size)
-        return buffer, buffer.close
+        return buffer, buffer.close, None
 
 
 def _round_up(n: int, to: int) -> int:

@@ -434,3 +434,46 @@ def test_a_repro_case_whose_layout_does_not_fit_its_scores_is_exit_2(capsys):
     code = main(["repro", "softmax", "--property", "shape", "--case", case])
     out, err = capsys.readouterr()
     assert code == 2 and "rows [R, L]" in err and "Traceback" not in out + err
+
+
+def test_arena_pages_go_back_in_both_mappings():
+    """Dropped pages free the memory of every mapping (the worker keeps a replaced arena mapped)
+    and read as zeros after."""
+    arena = wire.Arena.create(1 << 23)
+    other = wire.Arena.attach(os.dup(arena.fd), arena.size)
+    arena.buffer[: 1 << 20] = b"\x07" * (1 << 20)
+    assert other.buffer[12345] == b"\x07"
+    arena.drop_pages()
+    assert other.buffer[12345] == b"\x00" and arena.buffer[(1 << 20) - 1] == b"\x00"
+    other.close(), arena.close()
+
+
+def _shmem_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssShmem:"):
+            return int(line.split()[1])
+    pytest.skip("no RssShmem in /proc")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_one_large_request_does_not_keep_its_memory(monkeypatch):
+    """After a large request, small ones wrap the arena: it is replaced by a small one and the
+    large one's pages go back, in the checker and in the worker."""
+    from attnverify.runconfig import make_context
+
+    monkeypatch.setattr(remote, "KEEP_ARENA", wire.MIN_ARENA)
+    spec = remote.open_normalizer("softmax", {}, make_context("dev"))
+    channel = spec.fn.channel
+    try:
+        spec(torch.randn(512, 4096, dtype=torch.float64))  # 16 MiB in, 16 MiB out
+        big = channel.arena.size
+        assert big >= 1 << 25 and _shmem_kib(channel.pid) * 1024 >= 1 << 24
+        small = torch.randn(64, 256, dtype=torch.float64)
+        for _ in range(2 * big // (2 * small.numel() * 8)):
+            spec(small)
+            if channel.arena.size < big:
+                break
+        assert channel.arena.size <= 4 * wire.MIN_ARENA
+        assert _shmem_kib(channel.pid) * 1024 < 2 * channel.arena.size
+    finally:
+        remote.shutdown()
