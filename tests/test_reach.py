@@ -152,18 +152,23 @@ def _shape_of(words: str) -> str | None:
     return None
 
 
+def _far_and_every_decade(c, prop, dtypes):
+    """Rows far below zero, and every decade of each dtype up to its largest finite value."""
+    assert c["far_below"] >= 1, (prop, c["far_below"])
+    for dtype in dtypes:
+        name = str(dtype).removeprefix("torch.")
+        missing = _missing(c["decades"], name, range(0, math.floor(math.log10(
+            D.limit(dtype))) + 1))
+        assert not missing, f"{prop}, {name}: decades never reached: {missing}"
+
+
 def test_the_derivative_properties_reach_the_whole_value_domain():
     """``gradient`` and ``double_backward`` on their own (they once kept the narrow ranges): rows
     far below zero, every decade in both signs per dtype, the widest temperatures."""
     spec = load_target("softmax")
     for prop in ("gradient", "double_backward"):
         c = _coverage(spec, [PROPERTIES[prop]])
-        assert c["far_below"] >= 1, (prop, c["far_below"])
-        for dtype in (torch.float32, torch.float64):
-            name = str(dtype).removeprefix("torch.")
-            missing = _missing(c["decades"], name, range(0, math.floor(math.log10(
-                D.limit(dtype))) + 1))
-            assert not missing, f"{prop}, {name}: decades never reached: {missing}"
+        _far_and_every_decade(c, prop, (torch.float32, torch.float64))
         lo, hi = c["temperature"]
         assert lo <= 1e-5 and hi >= 1e5, (prop, lo, hi)
 
@@ -179,9 +184,4 @@ def test_the_half_precision_agreements_reach_the_whole_value_domain():
             result = run_unit(dataclasses.replace(PROPERTIES[prop], check=_record), spec, uctx)
             blocks.append(result.coverage)
         c = merge(blocks)
-        assert c["far_below"] >= 1, (prop, c["far_below"])
-        for dtype in (torch.float16, torch.bfloat16):
-            name = str(dtype).removeprefix("torch.")
-            missing = _missing(c["decades"], name, range(0, math.floor(math.log10(
-                D.limit(dtype))) + 1))
-            assert not missing, f"{prop}, {name}: decades never reached: {missing}"
+        _far_and_every_decade(c, prop, (torch.float16, torch.bfloat16))

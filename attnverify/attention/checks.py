@@ -234,17 +234,8 @@ def _dead_queries_backward(a, case, dead) -> float:
     grads, ref_grads = _gradients(a, case)
     dq = grads[0]
     if dq is not None:
-        g = dq.detach().to("cpu", F64)
-        bad = dead.cpu()[..., None].expand(g.shape) & (g != 0)
-        if bool(bad.any()):
-            pos = [int(x) for x in bad.nonzero()[0]]
-            value = float(g[tuple(pos)])
-            raise Violation(
-                f"d⟨out, G⟩/dq is {value:.6g} at [b, h, i, c] = {pos}, a query that attends no "
-                f"key (every key masked; its output is exactly 0 whatever q is), not exactly 0;"
-                f" {int(bad.sum())} such entries [{describe_dtype(case.q.dtype)}]",
-                observed=abs(value) if value == value else math.inf, bound=0, ratio=math.inf,
-                wrt="q", at=pos)
+        _zero_where(dq, dead, case, "q", "[b, h, i, c]", "a query that attends no key (every key "
+                    "masked; its output is exactly 0 whatever q is)")
     for name, got in zip("qkv", grads):
         if got is not None and not bool(torch.isfinite(got).all()):
             pos = [int(x) for x in (~torch.isfinite(got)).nonzero()[0]]
@@ -395,19 +386,24 @@ def _dead_keys_exact(a, case, grads) -> None:
     if not bool(dead.any()):
         return
     for name, got in (("k", grads[1]), ("v", grads[2])):
-        if got is None:
-            continue
-        g = got.detach().to("cpu", F64)
-        bad = dead.cpu()[..., None].expand(g.shape) & (g != 0)
-        if bool(bad.any()):
-            pos = [int(x) for x in bad.nonzero()[0]]
-            value = float(g[tuple(pos)])
-            raise Violation(
-                f"d⟨out, G⟩/d{name} is {value:.6g} at [b, h_kv, j, c] = {pos}, a key no query "
-                f"attends (masked for every query), not exactly 0; {int(bad.sum())} such entries"
-                f" [{describe_dtype(case.q.dtype)}]",
-                observed=abs(value) if value == value else math.inf, bound=0, ratio=math.inf,
-                wrt=name, at=pos)
+        if got is not None:
+            _zero_where(got, dead, case, name, "[b, h_kv, j, c]",
+                        "a key no query attends (masked for every query)")
+
+
+def _zero_where(grad, rows, case, name: str, axes: str, what: str) -> None:
+    """A gradient that must be exactly 0 on the rows ``rows`` marks (``[..., row]``): a
+    violation naming its first nonzero entry and how many there are."""
+    g = grad.detach().to("cpu", F64)
+    bad = rows.cpu()[..., None].expand(g.shape) & (g != 0)
+    if bool(bad.any()):
+        pos = [int(x) for x in bad.nonzero()[0]]
+        value = float(g[tuple(pos)])
+        raise Violation(
+            f"d⟨out, G⟩/d{name} is {value:.6g} at {axes} = {pos}, {what}, not exactly 0; "
+            f"{int(bad.sum())} such entries [{describe_dtype(case.q.dtype)}]",
+            observed=abs(value) if value == value else math.inf, bound=0, ratio=math.inf,
+            wrt=name, at=pos)
 
 
 def check_gradients(spec, case, ctx) -> float:
