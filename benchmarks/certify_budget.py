@@ -8,17 +8,17 @@ a timed unit test: run it by hand or in a perf job.
 
     python benchmarks/certify_budget.py [--profile ci] [--budget 60] [--no-isolation] [--json PATH]
 
-``--side-by-side BASE`` (issue #27) instead times whole command lines, as a user runs them,
-for this checkout and for another one (``BASE``: a checkout of an older commit, e.g. made with
-``git worktree add /tmp/base7e 7e72048``; each runs with ``PYTHONPATH`` set to its own tree and
-this interpreter), interleaved round by round so both meet the same load: certify of every
-built-in (ci; this checkout with its default ``--jobs`` and with ``--jobs 1``), one normalizer
-``file.py:fn`` (dev and ci), ``certify --attention sdpa`` (ci) and two falsify bounds (ci; one
-with a Jacobian). For each it prints the median and best wall time, the CPU time of the whole
-process tree (``getrusage(RUSAGE_CHILDREN)``: checker, zygote and workers; a process its parent
-never waits for, as a multiprocessing forkserver's children, is not counted), its peak memory
-(proportional set size of checker, zygote and workers together, sampled every 0.2 s with psutil;
-without psutil, the largest single process's resident size) and the ratios of the medians::
+``--side-by-side BASE`` (issue #27) instead times whole command lines, as a user runs them, for this
+checkout and for another one (``BASE``: a checkout of an older commit, e.g. made with ``git worktree
+add /tmp/base7e 7e72048``; each runs with ``PYTHONPATH`` set to its own tree and this interpreter),
+interleaved round by round so both meet the same load: certify of every built-in (ci; this checkout
+with its default ``--jobs`` and with ``--jobs 1``), one normalizer ``file.py:fn`` (dev and ci),
+``certify --attention sdpa`` and of a user's eager kernel (ci) and two falsify bounds (ci; one with
+a Jacobian). For each it prints the median and best wall time, the CPU time of the whole process
+tree (``getrusage(RUSAGE_CHILDREN)``: checker, zygote and workers; a process its parent never waits
+for, as a multiprocessing forkserver's children, is not counted), its peak memory (proportional set
+size of checker, zygote and workers together, sampled every 0.2 s with psutil; without psutil, the
+largest single process's resident size) and the ratios of the medians::
 
     python benchmarks/certify_budget.py --side-by-side /tmp/base7e [--rounds 2] [--only NAME,...]
 """
@@ -46,11 +46,39 @@ SIDE_BY_SIDE = (
     ("file-fn-dev", ["certify", "{fn}", "--profile", "dev", "--quiet"], False),
     ("file-fn-ci", ["certify", "{fn}", "--profile", "ci", "--quiet"], False),
     ("attention-sdpa-ci", ["certify", "--attention", "sdpa", "--profile", "ci", "--quiet"], False),
+    ("attention-eager-ci", ["certify", "--attention", "{attn}", "--profile", "ci", "--quiet"],
+     False),
     ("falsify-ci", ["falsify", "softmax", "max_weight <= exp(2*a/T)/L", "--profile", "ci"], False),
     ("falsify-jacobian-ci", ["falsify", "softmax", "jacobian_spectral <= 1/(2*T)", "--profile",
                              "ci"], False),
 )
 USER_FILE = "import torch\n\n\ndef fn(scores, dim=-1):\n    return torch.softmax(scores, dim)\n"
+#: ``{attn}``: a user's eager attention kernel (scores, mask, softmax, weighted values in torch
+#: ops, no fused kernel), written for the run.
+ATTENTION_FILE = '''import math
+
+import torch
+
+
+def attn(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        key = key.repeat_interleave(query.shape[-3] // key.shape[-3], -3)
+        value = value.repeat_interleave(query.shape[-3] // value.shape[-3], -3)
+    work = torch.promote_types(query.dtype, torch.float32)  # float16/bfloat16 in float32
+    scores = query.to(work) @ key.to(work).transpose(-2, -1) * scale
+    if is_causal:
+        keep = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask.to(work)
+    dead = (scores == float("-inf")).all(-1, keepdim=True)  # a query that sees no key: zeros
+    weights = torch.softmax(scores.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
+    return (weights @ value.to(work)).to(query.dtype)
+'''
 
 
 def _measure(argv: list[str], tree: str, cwd: str) -> tuple[float, float, float, int]:
@@ -100,7 +128,9 @@ def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None)
     with tempfile.TemporaryDirectory(prefix="attnverify-bench-") as tmp:
         user = Path(tmp) / "user_fn.py"
         user.write_text(USER_FILE)
-        runs = [(n, [a.format(fn=f"{user}:fn") for a in argv], mine)
+        attn = Path(tmp) / "user_attention.py"
+        attn.write_text(ATTENTION_FILE)
+        runs = [(n, [a.format(fn=f"{user}:fn", attn=f"{attn}:attn") for a in argv], mine)
                 for n, argv, mine in SIDE_BY_SIDE if not only or n in only]
         for r in range(rounds):
             for name, argv, mine in runs:
