@@ -11,6 +11,7 @@ import textwrap
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 
 from attnverify.falsify_search import FalsifyCase, _Polish, splits
@@ -102,3 +103,30 @@ def test_the_worker_reports_the_targets_warnings_once_each():
         server._guarded([], False, noisy)
     assert not outside  # nothing escapes to the worker's own output
     assert len(server.warned) == 1 and server.warned[0].startswith("UserWarning: first (")
+
+
+@pytest.mark.slow  # a whole certify --attention run (every property, a few examples each)
+def test_an_attention_kernels_warnings_are_reported_not_printed(tmp_path):
+    target = tmp_path / "warns.py"
+    target.write_text(textwrap.dedent("""
+        import warnings
+        import torch
+
+        def warns(query, key, value, attn_mask=None, is_causal=False, scale=None,
+                  enable_gqa=False):
+            warnings.warn("this kernel is experimental", UserWarning, stacklevel=1)
+            return torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                enable_gqa=enable_gqa)
+    """))
+    out_json = tmp_path / "out.json"
+    cmd = [sys.executable, "-m", "attnverify", "certify", "--attention", f"{target}:warns",
+           "--profile", "dev", "--max-examples", "2", "--json", str(out_json)]
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=_env(),
+                         timeout=900)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Warning" not in run.stderr, run.stderr  # reported, not printed
+    assert "the target warned: UserWarning: this kernel is experimental" in run.stdout
+    data = json.loads(out_json.read_text())
+    assert data["targets"][0]["target_warnings"] == [
+        "UserWarning: this kernel is experimental (warns.py:7)"]

@@ -123,6 +123,7 @@ def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=Non
     if monitor is not None:
         result.worker_pids = list(dict.fromkeys(monitor.pids))
         result.sandbox = list(dict.fromkeys(monitor.sandboxes))
+        result.target_warnings = list(getattr(monitor, "warnings", []))
         if getattr(ctx, "shard", None) is not None:
             from attnverify.certify import side_effects
 
