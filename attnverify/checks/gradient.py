@@ -87,7 +87,7 @@ from attnverify.checks.base import (
     describe_dtype,
     mismatch_message,
 )
-from attnverify.checks.layout import case_weights, case_weights_many
+from attnverify.checks.layout import case_vjps_many, case_weights, case_weights_many
 from attnverify.coverage import note_judged
 
 F64 = torch.float64
@@ -422,10 +422,20 @@ def _own_weights(spec, case, dtype):
 
 
 def _own_gradient(spec, case, dtype):
+    """``gradient(u)``: ``[x] -> [(Jᵀu at x, zero pattern of the weights at x)]`` of the
+    normalizer on ``x`` in ``dtype`` (rows in the case's layout, as :func:`_row_map`), float64
+    out: behind the process boundary every point in one request (:func:`case_vjps_many`),
+    else a forward and a backward pass per point in this process."""
     f = _row_map(spec, case)
 
     def gradient(u):
         def at(xs):
+            batched = case_vjps_many(spec, case, [x.detach().to(dtype) for x in xs], u,
+                                     copies="mean")
+            if batched is not None:
+                for _, _, graph in batched:
+                    _has_graph(graph)
+                return [(as_float64(g), as_float64(y) == 0) for y, g, _ in batched]
             out = []
             for x in xs:
                 with torch.enable_grad():
@@ -438,6 +448,16 @@ def _own_gradient(spec, case, dtype):
         return at
 
     return gradient
+
+
+def _has_graph(graph: bool) -> None:
+    """A point near the case (``x ± hv``) whose output carries no graph, where the case's own
+    output has one (checked first, :func:`_graph_output`): the derivative is lost there without
+    a word, so central differences of the gradient would differentiate a zero map."""
+    if not graph:
+        raise Violation("the output carries no autograd graph at a point near this input "
+                        "(where the input's own output has one): its gradient there is lost",
+                        observed=1, bound=0, ratio=math.inf)
 
 
 def _reference_maps(spec, case, ref):
