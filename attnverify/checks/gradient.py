@@ -441,6 +441,7 @@ def _own_gradient(spec, case, dtype):
                 with torch.enable_grad():
                     xx = x.detach().to(dtype, copy=True).requires_grad_(True)
                     y = f(xx)
+                    _has_graph(y.requires_grad)
                     g = as_float64(_grad(y, xx, u.to(y.dtype)))
                 out.append((g.detach(), as_float64(y.detach()) == 0))
             return out
@@ -461,13 +462,20 @@ def _has_graph(graph: bool) -> None:
 
 
 def _reference_maps(spec, case, ref):
-    from attnverify.checks.reference import ReferenceFailure, evaluate_reference
+    from attnverify.checks.reference import (
+        ReferenceFailure,
+        evaluate_reference,
+        reference_vjps,
+    )
 
     def weights(xs):
         return [_pattern(evaluate_reference(spec, ref, x, case.temperature)) for x in xs]
 
     def gradient(u):
         def at(xs):
+            batched = reference_vjps(spec, ref, xs, u, case.temperature)
+            if batched is not None:  # the target's own reference: one request
+                return [(as_float64(g), y == 0) for y, g in batched]
             out = []
             for x in xs:
                 with torch.enable_grad():
