@@ -250,3 +250,57 @@ def test_planted_probes_fail_in_this_process_too():
     for attr in ("probe_backward_softmax", "probe_detached_softmax"):
         res = run_property(PROPERTIES["double_backward"], load_target(f"{FILE}:{attr}"), DEV)
         assert res.status == "violated", (attr, res.status, res.message)
+
+
+OWN_REFERENCE = """
+import torch
+
+from attnverify import normalizer_spec
+
+
+def own_softmax(scores, dim=-1):
+    return torch.softmax(scores, dim)
+
+
+def float32_softmax(scores, dim=-1, temperature=1.0):
+    if scores.dtype != torch.float32:
+        raise TypeError("float32 only")
+    return torch.softmax(scores / temperature, dim)
+
+
+target = normalizer_spec(float32_softmax, id="float32_softmax", reference=own_softmax,
+                         space="simplex")
+"""
+
+
+def test_own_reference_gradients_in_one_request(tmp_path, monkeypatch):
+    """A float32 kernel's second derivatives are compared with central differences of its own
+    reference's gradient (evaluated in its worker, on z/T: it takes no temperature): every
+    point in one request, bit for bit what a request pair per point gives."""
+    from attnverify.checks import reference as R
+
+    source = tmp_path / "own_reference.py"
+    source.write_text(OWN_REFERENCE)
+    spec = remote.open_normalizer(f"{source}:target", {}, DEV)
+    try:
+        ref = R.reference_spec(spec)
+        assert isinstance(ref.fn, remote.OwnReference)
+        case, xs = _case(spec, 2, F32)
+        case = case._replace(temperature=0.7)
+        u = torch.randn(case.scores.shape, generator=torch.Generator().manual_seed(5),
+                        dtype=F64)
+        channel = spec.fn.channel
+        before = channel.monitor.calls
+        batched = G._reference_maps(spec, case, ref)[1](u)(xs)
+        assert channel.monitor.calls - before == 1
+        with monkeypatch.context() as m:
+            m.setattr(R, "reference_vjps", lambda *a, **k: None)
+            before = channel.monitor.calls
+            single = G._reference_maps(spec, case, ref)[1](u)(xs)
+            assert channel.monitor.calls - before == 2 * len(xs)
+        for (ga, pa), (gb, pb) in zip(batched, single):
+            assert torch.equal(ga, gb) and torch.equal(pa, pb)
+        assert bool((batched[0][0] != 0).any())
+    finally:
+        spec.fn.channel.close()
+        remote.shutdown()
