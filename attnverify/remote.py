@@ -359,6 +359,7 @@ _REPLY_KEYS = {
     "bye": {"id", "ok"},
     "call": {"id", "ok", "requires_grad", "side_effects", "warnings"},
     "calls": {"id", "ok", "side_effects", "warnings"},
+    "vjps": {"id", "ok", "graph", "side_effects", "warnings"},
     "vjp": {"id", "ok", "differentiable", "side_effects", "warnings"},
     "vjp2": {"id", "ok", "side_effects", "warnings"},
     "jvp": {"id", "ok", "side_effects", "warnings"},
@@ -1102,6 +1103,34 @@ class RemoteFunction:
         _, results = self.channel.request({"op": "calls", "fn": self.fn, "calls": calls},
                                           list(inputs), outputs)
         return results
+
+
+    def many_vjp(self, inputs: list, cotangents: list, dim=-1, **params) -> list:
+        """``[(output, gradient, graph)]``: for each of ``inputs`` (with grad), in order, in
+        one request, the function's output, the gradient ``Jᵀc`` with respect to the input for
+        its cotangent ``c`` (of the output's shape; cast to the output's dtype as a backward
+        pass through the proxy casts it) and whether the output carried a graph (without one
+        the gradient is zero). The products a one-point-at-a-time loop of forward and
+        ``backward`` through :class:`_Call` would ask for in two requests per point; a call
+        that raises raises :class:`TargetRaised` with its ``index``."""
+        if len(inputs) != len(cotangents):
+            raise ValueError("one cotangent per input")
+        kwargs = {"dim": dim, **self._overrides(params)}
+        n = len(inputs)
+        calls, outputs, sent = [], [], []
+        for i, (t, c) in enumerate(zip(inputs, cotangents)):
+            calls.append({"args": [{"$tensor": i}], "kwargs": kwargs, "cotangent": n + i})
+            dtype = t.dtype if self.same_dtype else None
+            outputs.append((tuple(t.shape), dtype, str(t.device)))
+            outputs.append((tuple(t.shape), t.dtype, str(t.device)))
+            sent.append(c.detach().to(dtype or c.dtype))
+        reply, results = self.channel.request({"op": "vjps", "fn": self.fn, "calls": calls},
+                                              [t.detach() for t in inputs] + sent, outputs)
+        graph = reply.get("graph")
+        if not isinstance(graph, list) or len(graph) != n or \
+                not all(isinstance(g, bool) for g in graph):
+            self.channel._fail("answered a vjps request without one graph flag per call")
+        return [(results[2 * i], results[2 * i + 1], graph[i]) for i in range(n)]
 
 
 class RemoteKernelFunction:

@@ -625,6 +625,8 @@ class Server:
                                                              grad_mode, effects)
             elif op == "calls":
                 outputs = self._calls(fn, tensors, message, effects)
+            elif op == "vjps":
+                outputs, reply["graph"] = self._vjps(fn, tensors, message, effects)
             elif op == "vjp":
                 outputs, reply["differentiable"] = self._vjp(fn, args, kwargs, tensors, message,
                                                              effects)
@@ -723,6 +725,41 @@ class Server:
                 exc.index = i
                 raise
         return outputs
+
+    def _vjps(self, fn, tensors, message, effects):
+        """Several reverse-mode products in one request, in order, each on its own input: per
+        call the forward output (with grad; checked as a call's result, ``alias`` included) and
+        the gradient ``Jᵀc`` with respect to its input (``c`` the call's ``cotangent``), in
+        that order; ``graph`` per call (whether its output carried a graph: without one the
+        gradient is zero). The ``index`` of a call that raises or is refused goes back with
+        the error."""
+        calls, expect = message.get("calls"), message.get("expect")
+        if not isinstance(calls, list) or not isinstance(expect, list) or \
+                len(expect) != 2 * len(calls):
+            raise wire.ProtocolError("a vjps request without two expectations per call")
+        outputs, graph = [], []
+        for i, sub in enumerate(calls):
+            if not isinstance(sub, dict) or not sub.get("args") or \
+                    not isinstance(sub["args"][0], dict):
+                raise wire.ProtocolError("a vjps call without a tensor argument")
+            x = tensors[_index(sub["args"][0].get("$tensor"), len(tensors))]
+            cotangent = tensors[_index(sub.get("cotangent"), len(tensors))]
+            if x is cotangent:
+                raise wire.ProtocolError("a vjps call whose cotangent is its input")
+            args, kwargs = _arguments(sub, tensors)
+            try:
+                x.requires_grad_(True)
+                out = self._guarded(effects, True, lambda a=args, k=kwargs: fn(*a(), **k()))
+                outputs += self.accept([out], {"expect": [expect[2 * i]]}, tensors, alias=True)
+                grads = self._guarded(effects, False,
+                                      lambda o=out, w=x, c=cotangent: _grad(o, [w], c, False))
+                # a gradient may be the cotangent itself (autograd passes it through)
+                outputs += self.accept(list(grads), {"expect": [expect[2 * i + 1]]}, tensors)
+            except (Raised, Border) as exc:
+                exc.index = i
+                raise
+            graph.append(bool(out.requires_grad))
+        return outputs, graph
 
     def _graph(self, fn, args, kwargs, tensors, message, effects, extra=()):
         """The forward pass with the ``wrt`` inputs requiring grad: ``(out, wrt tensors)``."""

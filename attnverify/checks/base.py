@@ -325,6 +325,29 @@ def call_many(spec: NormalizerSpec, inputs: list, temperature: float | None = No
         raise NormalizerError(exc, input=failed) from exc
 
 
+def call_many_vjp(spec: NormalizerSpec, inputs: list, cotangents: list,
+                  temperature: float | None = None, *, dim: int = -1, **kw) -> list | None:
+    """``[(output, gradient, graph)]`` of the normalizer on each of ``inputs`` with grad: its
+    output, the gradient of ``⟨cotangent, output⟩`` with respect to the input, whether the
+    output carried a graph; one request to the worker where the normalizer runs behind the
+    process boundary (``RemoteFunction.many_vjp``). ``None`` for a normalizer called in this
+    process (the caller differentiates it here). A raise is :class:`NormalizerError` carrying
+    the input that raised."""
+    many = getattr(getattr(spec, "fn", None), "many_vjp", None)
+    if many is None:
+        return None
+    if temperature is not None and spec.takes_temperature:
+        kw["temperature"] = temperature
+    try:
+        return many(list(inputs), list(cotangents), dim=dim, **{**spec.params, **kw})
+    except (KeyboardInterrupt, WorkerFailed, Violation):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the normalizer's fault, with its input
+        index = getattr(exc, "index", None)
+        failed = inputs[index] if isinstance(index, int) and 0 <= index < len(inputs) else None
+        raise NormalizerError(exc, input=failed) from exc
+
+
 def _span(t: torch.Tensor) -> torch.Tensor:
     """The 1-D view of ``t``'s storage from element 0 to the last element ``t`` reaches."""
     n = 0 if t.numel() == 0 else t.storage_offset() + sum(

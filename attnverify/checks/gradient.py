@@ -87,7 +87,7 @@ from attnverify.checks.base import (
     describe_dtype,
     mismatch_message,
 )
-from attnverify.checks.layout import case_weights, case_weights_many
+from attnverify.checks.layout import case_vjps_many, case_weights, case_weights_many
 from attnverify.coverage import note_judged
 
 F64 = torch.float64
@@ -228,18 +228,26 @@ def smooth_difference(F, z: Tensor, v: Tensor, w: Tensor, step: Tensor, guard=No
     kink of ``f`` at ``z`` is a jump of ``F`` that central differences of ``F`` alone can
     mistake for a large smooth derivative)."""
     evaluate = many or (lambda xs: [F(x) for x in xs])
-    f0, p0 = f0 if f0 is not None else evaluate([z])[0]
     eps, ratio = torch.finfo(precision.dtype).eps, precision.ratio
+    # the first step's points are always evaluated: F(z) (and the guard's g(z)) go in the same
+    # request as them
+    h = step * precision.shrink[0]  # [B, 1]
+    first = [z + h * v, z - h * v, z + h * v / ratio, z - h * v / ratio]
+    if f0 is None:
+        f0, *first = evaluate([z, *first])
+    else:
+        first = evaluate(first)
+    f0, p0 = f0
     natural = _natural(f0, w, v, step, precision.step)
-    g0 = guard[0]([z])[0] if guard else None
+    g0, *guard_first = guard[0]([z, z + h * v, z - h * v]) if guard else [None]
     guard_natural = _natural(g0, guard[1], v, step, precision.step) if guard else None
     rows = z.shape[0]
     out = {k: torch.zeros(rows, dtype=F64) for k in ("central", "norm", "gap", "noise", "step")}
     judged = torch.zeros(rows, dtype=torch.bool)
     judgeable = _judgeable(z, v, step, precision, f0)
-    for factor in precision.shrink:
+    for index, factor in enumerate(precision.shrink):
         h = step * factor  # [B, 1]
-        (fp, pp), (fm, pm), (fp2, pp2), (fm2, pm2) = evaluate(
+        (fp, pp), (fm, pm), (fp2, pp2), (fm2, pm2) = first if index == 0 else evaluate(
             [z + h * v, z - h * v, z + h * v / ratio, z - h * v / ratio])
         hh = h.squeeze(-1)
         dp, dm, gap, noise = _one_sided(f0, fp, fm, w, hh, eps)
@@ -252,7 +260,7 @@ def smooth_difference(F, z: Tensor, v: Tensor, w: Tensor, step: Tensor, guard=No
         ok &= _smooth((dp + dm) / 2, (dp2 + dm2) / 2, drift, noise2, natural, precision.kink)
         gap = torch.maximum(gap, drift)
         if guard:
-            gp, gm = guard[0]([z + h * v, z - h * v])
+            gp, gm = guard_first if index == 0 else guard[0]([z + h * v, z - h * v])
             ok &= _smooth(*_one_sided(g0, gp, gm, guard[1], hh, eps), guard_natural,
                           precision.kink)
         norm = torch.linalg.vector_norm(fp - fm, dim=-1) / (2 * hh)
@@ -422,15 +430,26 @@ def _own_weights(spec, case, dtype):
 
 
 def _own_gradient(spec, case, dtype):
+    """``gradient(u)``: ``[x] -> [(Jᵀu at x, zero pattern of the weights at x)]`` of the
+    normalizer on ``x`` in ``dtype`` (rows in the case's layout, as :func:`_row_map`), float64
+    out: behind the process boundary every point in one request (:func:`case_vjps_many`),
+    else a forward and a backward pass per point in this process."""
     f = _row_map(spec, case)
 
     def gradient(u):
         def at(xs):
+            batched = case_vjps_many(spec, case, [x.detach().to(dtype) for x in xs], u,
+                                     copies="mean")
+            if batched is not None:
+                for _, _, graph in batched:
+                    _has_graph(graph)
+                return [(as_float64(g), as_float64(y) == 0) for y, g, _ in batched]
             out = []
             for x in xs:
                 with torch.enable_grad():
                     xx = x.detach().to(dtype, copy=True).requires_grad_(True)
                     y = f(xx)
+                    _has_graph(y.requires_grad)
                     g = as_float64(_grad(y, xx, u.to(y.dtype)))
                 out.append((g.detach(), as_float64(y.detach()) == 0))
             return out
@@ -440,14 +459,31 @@ def _own_gradient(spec, case, dtype):
     return gradient
 
 
+def _has_graph(graph: bool) -> None:
+    """A point near the case (``x ± hv``) whose output carries no graph, where the case's own
+    output has one (checked first, :func:`_graph_output`): the derivative is lost there without
+    a word, so central differences of the gradient would differentiate a zero map."""
+    if not graph:
+        raise Violation("the output carries no autograd graph at a point near this input "
+                        "(where the input's own output has one): its gradient there is lost",
+                        observed=1, bound=0, ratio=math.inf)
+
+
 def _reference_maps(spec, case, ref):
-    from attnverify.checks.reference import ReferenceFailure, evaluate_reference
+    from attnverify.checks.reference import (
+        ReferenceFailure,
+        evaluate_reference,
+        reference_vjps,
+    )
 
     def weights(xs):
         return [_pattern(evaluate_reference(spec, ref, x, case.temperature)) for x in xs]
 
     def gradient(u):
         def at(xs):
+            batched = reference_vjps(spec, ref, xs, u, case.temperature)
+            if batched is not None:  # the target's own reference: one request
+                return [(as_float64(g), y == 0) for y, g in batched]
             out = []
             for x in xs:
                 with torch.enable_grad():
@@ -526,17 +562,48 @@ def _graph_output(f, case, zz: Tensor):
     try:
         out = f(zz)
     except NormalizerError as exc:
-        if zz.dtype == F64:
-            with torch.no_grad():
-                try:
-                    f(zz.detach().to(F32))
-                except NormalizerError:
-                    raise exc from None
-            raise NoFloat64(str(exc)) from exc
+        _no_float64(f, zz, exc)
         raise
     if not out.requires_grad:
         raise NoGraph()
     return out
+
+
+def _output_and_gradient(spec, case, f, scores: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """The output with grad enabled (:func:`_graph_output`) and the gradient ``Jᵀu`` (float64)
+    at the case's scores: behind the process boundary one request (:func:`case_vjps_many`),
+    else (or where that request raised: whether the forward or the backward failed decides
+    what the failure is) a forward and a backward pass."""
+    try:
+        batched = case_vjps_many(spec, case, [scores], u, copies="mean")
+    except NormalizerError:
+        batched = None
+    if batched is not None:
+        ((out, grad, graph),) = batched
+        if not graph:
+            raise NoGraph()
+        return out, as_float64(grad)
+    with torch.enable_grad():
+        zz = scores.clone().requires_grad_(True)
+        out = _graph_output(f, case, zz)
+        try:
+            grad = as_float64(_grad(out, zz, u.to(out.dtype)))
+        except Exception as exc:  # noqa: BLE001 - the normalizer's backward failed
+            raise NormalizerError(exc) from exc
+    return out, grad
+
+
+def _no_float64(f, zz: Tensor, exc: NormalizerError) -> None:
+    """:class:`NoFloat64` when ``zz`` are float64 scores the normalizer refused (``exc``) while
+    it takes them as float32 (decided over the unit); else nothing (``exc`` stands)."""
+    if zz.dtype != F64:
+        return
+    with torch.no_grad():
+        try:
+            f(zz.detach().to(F32))
+        except NormalizerError:
+            return
+    raise NoFloat64(str(exc)) from exc
 
 
 def _same_values(got: Tensor, want: Tensor, dtype, how: str) -> None:
@@ -617,13 +684,7 @@ def check_gradient(spec, case, ctx) -> float:
     z = as_float64(scores)
     f = _row_map(spec, case)
     u, v = _directions(z, case.seed, 2, dtype, every=(0,))
-    with torch.enable_grad():
-        zz = scores.clone().requires_grad_(True)
-        out = _graph_output(f, case, zz)
-        try:
-            grad = as_float64(_grad(out, zz, u.to(out.dtype)))
-        except Exception as exc:  # noqa: BLE001 - the normalizer's backward failed
-            raise NormalizerError(exc) from exc
+    out, grad = _output_and_gradient(spec, case, f, scores, u)
     _finite(grad, z)
     source = _source(spec, case, dtype, z)
     _same_values(out, source.own, dtype, "with grad enabled")

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from attnverify.checks.base import NormalizerError, Violation, call, call_many
+from attnverify.checks.base import NormalizerError, Violation, call, call_many, call_many_vjp
 from attnverify.strategies.layouts import (
     ANY,
     Layout,
@@ -100,6 +100,60 @@ def case_weights_many(spec, case, rows_list: list, *, copies: str = "first") -> 
         return []
     raw = given_many(spec, rows_list, case.temperature, layout_of(case))
     return [read(out, lay, copies=copies) for (_, out), lay in zip(raw, layouts)]
+
+
+def case_vjps_many(spec, case, rows_list: list, cotangent: torch.Tensor, *,
+                   copies: str = "first") -> list | None:
+    """``[(weights, gradient, graph)]`` for each of ``rows_list`` (``[R, L]`` rows given in the
+    case's layout, as :func:`case_weights`): the ``[R, L]`` weights (:func:`read` of the
+    output), the gradient of ``⟨cotangent, weights⟩`` with respect to the rows, and whether the
+    output carried a graph; in one request to the worker where the normaliser runs behind the
+    process boundary (``None`` for one called in this process: the caller differentiates
+    :func:`case_weights` there).
+
+    The layout's two maps are linear and stay in this process: the cotangent sent with each
+    input is the adjoint of :func:`collect` applied to ``cotangent``, and the gradient that
+    comes back is mapped to the rows through the adjoint of :func:`present`, both taken by
+    autograd on the very operations a backward pass through :func:`case_weights` runs (the
+    same values, whatever the layout's kind)."""
+    if getattr(getattr(spec, "fn", None), "many_vjp", None) is None:
+        return None
+    rows_list = [rows.detach().clone().requires_grad_(True) for rows in rows_list]
+    fitted = [layout_of(case, rows) for rows in rows_list]
+    with torch.enable_grad():
+        xs = [present(rows, lay) for rows, lay in zip(rows_list, fitted)]
+        cotangents = []
+        for rows, lay in zip(rows_list, fitted):
+            probe = torch.zeros(lay.sizes, dtype=rows.dtype, device=rows.device,
+                                requires_grad=True)
+            y = collect(probe, lay, copies=copies)
+            (c,) = torch.autograd.grad(y, probe, cotangent.to(y.dtype))
+            cotangents.append(c)
+    by_dim: dict[int, list[int]] = {}
+    for i, lay in enumerate(fitted):
+        by_dim.setdefault(lay.dim, []).append(i)
+    answers: list = [None] * len(xs)
+    for dim, picks in by_dim.items():
+        try:
+            results = call_many_vjp(spec, [xs[i].detach() for i in picks],
+                                    [cotangents[i] for i in picks], case.temperature, dim=dim)
+        except NormalizerError as exc:
+            index = getattr(exc.cause, "index", None)
+            failed = picks[index] if isinstance(index, int) and 0 <= index < len(picks) \
+                else picks[0]
+            lay = fitted[failed]
+            exc.input = rows_list[failed].detach()
+            if not lay.plain:
+                exc.args = (f"{exc.args[0]} (given as {lay.describe()})",)
+            raise
+        for i, answer in zip(picks, results):
+            answers[i] = answer
+    out = []
+    for rows, x, lay, (output, grad, graph) in zip(rows_list, xs, fitted, answers):
+        with torch.enable_grad():
+            (g,) = torch.autograd.grad(x, rows, grad.to(x.dtype))
+        out.append((read(output, lay, copies=copies), g, graph))
+    return out
 
 
 def read(out: Any, layout: Layout, *, copies: str = "first") -> torch.Tensor:

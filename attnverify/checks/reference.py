@@ -175,14 +175,7 @@ def evaluate_reference(spec: NormalizerSpec, ref: NormalizerSpec, scores: torch.
     """The reference's weights in float64 for ``scores`` at ``spec``'s parameters (``graph``:
     differentiable in ``scores``, for the derivatives of :mod:`attnverify.checks.gradient`).
     ``work``: the precision the reference computes in (:func:`baseline_slack`)."""
-    z = scores.to(work)
-    params = {k: v for k, v in spec.params.items() if k != "temperature" and _accepts(ref, k)}
-    t = temperature if temperature is not None else spec.params.get("temperature")
-    if t is not None:
-        if _accepts(ref, "temperature"):
-            params["temperature"] = t
-        elif t != 1.0:
-            z = z / float(t)
+    z, params = _reference_arguments(spec, ref, scores, temperature, work)
     try:
         with _precision(ref, work):
             out = ref(z, dim=-1, **params)
@@ -192,6 +185,52 @@ def evaluate_reference(spec: NormalizerSpec, ref: NormalizerSpec, scores: torch.
     if graph:
         return torch.as_tensor(out).to(device="cpu", dtype=F64)
     return as_float64(torch.as_tensor(out))
+
+
+def _reference_arguments(spec: NormalizerSpec, ref: NormalizerSpec, scores: torch.Tensor,
+                         temperature: float | None, work: torch.dtype = F64):
+    """``(scores in work, keyword arguments)`` of the reference's call on ``scores``: the
+    target's parameters it accepts and the temperature (as ``z/T`` where it takes none);
+    differentiable in ``scores``."""
+    z = scores.to(work)
+    params = {k: v for k, v in spec.params.items() if k != "temperature" and _accepts(ref, k)}
+    t = temperature if temperature is not None else spec.params.get("temperature")
+    if t is not None:
+        if _accepts(ref, "temperature"):
+            params["temperature"] = t
+        elif t != 1.0:
+            z = z / float(t)
+    return z, params
+
+
+def reference_vjps(spec: NormalizerSpec, ref: NormalizerSpec, xs: list, cotangent: torch.Tensor,
+                   temperature: float | None) -> list | None:
+    """``[(weights, gradient)]`` of the reference at each of ``xs`` (float64 rows): its
+    float64 weights and the gradient of ``⟨cotangent, weights⟩`` with respect to the rows, as
+    :func:`evaluate_reference` with ``graph`` and a backward pass give them, in one request
+    where the reference is the target's own, evaluated in its worker (``None`` for one
+    evaluated in this process). A point whose output carries no graph raises
+    :class:`ReferenceFailure`, as one that raises."""
+    many = getattr(getattr(ref, "fn", None), "many_vjp", None)
+    if many is None:
+        return None
+    rows = [x.detach().clone().requires_grad_(True) for x in xs]
+    with torch.enable_grad():
+        args = [_reference_arguments(spec, ref, r, temperature) for r in rows]
+    try:
+        answers = many([z.detach() for z, _ in args], [cotangent] * len(args), dim=-1,
+                       **{**ref.params, **(args[0][1] if args else {})})
+    except Exception as exc:  # noqa: BLE001 - the reference's fault, told apart
+        raise ReferenceFailure(f"the reference {ref.target or ref.id!r} raised "
+                               f"{NormalizerError(exc)}") from exc
+    out = []
+    for r, (z, _), (y, g, graph) in zip(rows, args, answers):
+        if not graph:
+            raise ReferenceFailure("the reference carries no autograd graph")
+        with torch.enable_grad():
+            (grad,) = torch.autograd.grad(z, r, g.to(z.dtype))
+        out.append((y.to(device="cpu", dtype=F64), grad))
+    return out
 
 
 def _precision(ref: NormalizerSpec, work: torch.dtype):
