@@ -240,3 +240,27 @@ def test_shrink_never_leaves_the_domain_by_masking_a_whole_row():
     small, _ = shrink(fails_on_any_masked_key, RowCase(all_masked, None, "fully_masked", 0),
                       first.value)
     assert small.scores.tolist() == [[-math.inf]]
+
+
+def test_shrink_moves_a_far_row_to_the_smallest_failing_magnitude_in_a_few_rechecks():
+    """A failure above a magnitude (here 1e5), met on a row at 1e300: the shrunk row lies within
+    a decade of that threshold, found by bisecting the decades (about ten re-checks), not by
+    moving a tenth nearer per re-check (three hundred)."""
+    from attnverify.checks.base import Violation
+    from attnverify.checks.shrink import shrink
+
+    calls = []
+
+    def fails_far_from_zero(case):
+        calls.append(case)
+        if float(case.scores.abs().max()) > 1e5:
+            raise Violation("too large", observed=1, bound=0, ratio=math.inf)
+
+    z = torch.tensor([[1e300, 3e300]], dtype=torch.float64)
+    with pytest.raises(Violation) as first:
+        fails_far_from_zero(RowCase(z, None, "far_rows", 0))
+    calls.clear()
+    small, exc = shrink(fails_far_from_zero, RowCase(z, None, "far_rows", 0), first.value)
+    assert isinstance(exc, Violation)
+    assert 1e5 < float(small.scores.abs().max()) <= 1e7, small.scores
+    assert len(calls) <= 40, len(calls)

@@ -19,10 +19,11 @@ violation, a raise stays a raise):
    to 0 at once (below), then drop blocks of keys likewise (masked keys are dropped only when
    the failure survives, so a mask the failure needs is kept);
 4. simplest values: every score to 0 at once (masked keys too, when the failure does not need
-   them), else every finite one; rows lying far from zero as a whole moved a tenth as far
-   (spread kept) while the failure stays, so a failure far from zero is reported at the
-   smallest magnitude that still fails; else row by row, then each finite score to 0, else truncated
-   to an integer, else to one significant digit (always towards 0, so a bound such as
+   them), else every finite one; rows lying far from zero as a whole moved ``10**k`` times
+   nearer (spread kept) for the largest ``k`` that still fails, found by bisecting the decades
+   (a row at ``1e300`` costs about ten re-checks), so a failure far from zero is reported at
+   the smallest magnitude that still fails; else row by row, then each finite score to 0, else
+   truncated to an integer, else to one significant digit (always towards 0, so a bound such as
    ``|l| ≤ a`` still holds); otherwise ``-inf``, ``inf`` and NaN stay;
 5. temperature 1 when the case drew one (not when ``--params`` fixed it).
 
@@ -250,26 +251,44 @@ class _Search:
 
     def nearer_zero(self) -> bool:
         """Rows lying far from zero as a whole (every finite score on one side, their mean at
-        least :data:`FAR` away) moved a tenth as far, keeping their spread, while the failure
-        stays: a failure far from zero is reported at the smallest magnitude that still
-        fails."""
-        changed = False
-        while not self.exhausted():
-            scores = self.case.scores
-            z = scores.to(torch.float64)
-            finite = torch.isfinite(z)
-            count = finite.sum(-1, keepdim=True).clamp_min(1)
-            mean = torch.where(finite, z, 0.0).sum(-1, keepdim=True) / count
-            low = torch.where(finite, z, math.inf).amin(-1, keepdim=True)
-            high = torch.where(finite, z, -math.inf).amax(-1, keepdim=True)
-            far = ((low > 0) | (high < 0)) & (mean.abs() >= FAR) & finite.any(-1, keepdim=True)
-            if not bool(far.any()):
-                return changed
-            moved = torch.where(finite & far, z - 0.9 * mean, z).to(scores.dtype)
-            if torch.equal(moved, scores) or not self.attempt(self.case._replace(scores=moved)):
-                return changed
-            changed = True
-        return changed
+        least :data:`FAR` away) moved ``10**k`` times nearer, keeping their spread, for the
+        largest ``k`` that still fails (each row no further than below :data:`FAR`): a failure
+        far from zero is reported at the smallest magnitude that still fails. ``k`` is searched
+        by halving (the largest first, then bisection), so a row at ``1e300`` costs about ten
+        re-checks, not one per decade."""
+        scores = self.case.scores
+        z = scores.to(torch.float64)
+        finite = torch.isfinite(z)
+        count = finite.sum(-1, keepdim=True).clamp_min(1)
+        mean = torch.where(finite, z, 0.0).sum(-1, keepdim=True) / count
+        low = torch.where(finite, z, math.inf).amin(-1, keepdim=True)
+        high = torch.where(finite, z, -math.inf).amax(-1, keepdim=True)
+        far = ((low > 0) | (high < 0)) & (mean.abs() >= FAR) & finite.any(-1, keepdim=True)
+        if not bool(far.any()):
+            return False
+        # the decades each far row may move: until its mean is below FAR
+        decades = torch.where(far, torch.floor(torch.log10(mean.abs() / FAR)) + 1, 0.0)
+
+        def moved(k: int):
+            steps = torch.minimum(decades, torch.tensor(float(k), dtype=torch.float64))
+            out = torch.where(finite & far, (z - mean) + mean * 10.0 ** -steps, z).to(scores.dtype)
+            return None if torch.equal(out, scores) else self.case._replace(scores=out)
+
+        def fails(k: int) -> bool:
+            candidate = moved(k)
+            return candidate is not None and self.attempt(candidate)
+
+        top = int(decades.max())
+        if fails(top):
+            return True
+        good, bad = 0, top  # the case fails as it is (k = 0), not moved ``top`` decades
+        while bad - good > 1 and not self.exhausted():
+            mid = (good + bad) // 2
+            if fails(mid):
+                good = mid
+            else:
+                bad = mid
+        return good > 0
 
     def zero(self, where: torch.Tensor) -> bool:
         """Set the finite nonzero scores in ``where`` to 0, if that still fails."""
