@@ -264,3 +264,27 @@ def test_shrink_moves_a_far_row_to_the_smallest_failing_magnitude_in_a_few_reche
     assert isinstance(exc, Violation)
     assert 1e5 < float(small.scores.abs().max()) <= 1e7, small.scores
     assert len(calls) <= 40, len(calls)
+
+
+def test_hypothesis_shrink_stops_at_its_budget_and_says_so(monkeypatch, capsys):
+    """A failing unit's Hypothesis shrink draws at most ``SHRINK_CALLS`` cases (this one needs
+    about 28 to finish): stopped there, the smallest failure it reached is shrunk further by
+    attnverify's shrinker, reported minimal with a repro that fails, and the counterexample and
+    the console say the shrink was stopped."""
+    from attnverify import certify, report
+
+    ctx = make_context("dev", seed=0, dtypes="float32")
+    monkeypatch.setattr(certify, "SHRINK_CALLS", 2)
+    short = failing("wrong_threshold_sparsemax", "simplex", ctx=ctx)
+    monkeypatch.setattr(certify, "SHRINK_CALLS", 16)
+    longer = failing("wrong_threshold_sparsemax", "simplex", ctx=ctx)
+    ce = short["counterexample"]
+    # a draw the strategy rejects counts but reaches no check: the shrink stops at the next check
+    assert 2 <= ce["shrink_stopped_after"] < longer["counterexample"]["shrink_stopped_after"]
+    assert short["examples"] < longer["examples"]
+    assert ce["scores"] == [[0.0]] and "reproduces" not in ce
+    code, out = run_line(capsys, ce["repro"])
+    assert code == 1 and "row sum" in out
+    lines = report._violation_lines(short)
+    assert any(f"shrink stopped after {ce['shrink_stopped_after']} draws" in line
+               for line in lines)
