@@ -358,11 +358,13 @@ def simpler_layouts(layout: Layout) -> list[Layout]:
     """Candidates simpler than ``layout`` (:func:`_complexity`), simplest first. Made from the
     plain block; each of its kinds alone, its kinds together and all but one of them, at rank
     2 and 3; and the layout with one feature removed (each on its own: the offset, a slice
-    step, the expanded axes, the memory order, the axis, the positive spelling)."""
+    step, the expanded axes, the memory order, the axis, the positive spelling). A layout of no
+    kind but ``contiguous`` is a kind of its own here (its axis kept at rank 2 and 3)."""
     rows, length = layout.rows, layout.length
     out = [plain(rows, length)]
     kinds = [k for k in layout.kinds if k != "contiguous"]
-    groups = [(k,) for k in kinds]
+    # a contiguous block along another axis than the last: that axis at a lower rank
+    groups = [(k,) for k in kinds] or [("contiguous",)]
     if len(kinds) > 1:
         groups += [tuple(kinds)] + [tuple(k for k in kinds if k != drop) for drop in kinds
                                     if len(kinds) > 2]
