@@ -288,3 +288,21 @@ def test_hypothesis_shrink_stops_at_its_budget_and_says_so(monkeypatch, capsys):
     lines = report._violation_lines(short)
     assert any(f"shrink stopped after {ce['shrink_stopped_after']} draws" in line
                for line in lines)
+
+
+def test_shrink_reports_a_far_failure_at_one_digit_above_its_threshold():
+    """exp overflows float32 above 88.7: a row met at 3e30 is reported at 100 (the decade
+    search stops at 300; halving and a fifth bring it under 200, one significant digit to
+    100)."""
+    from attnverify.checks.base import Violation
+    from attnverify.checks.shrink import shrink
+
+    def overflows(case):
+        if not bool(torch.isfinite(torch.exp(case.scores)).all()):
+            raise Violation("inf", observed=math.inf, bound=1, ratio=math.inf)
+
+    z = torch.tensor([[3e30]])
+    with pytest.raises(Violation) as first:
+        overflows(RowCase(z, None, "far_rows", 0))
+    small, _ = shrink(overflows, RowCase(z, None, "far_rows", 0), first.value)
+    assert small.scores.tolist() == [[100.0]]

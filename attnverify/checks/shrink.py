@@ -21,10 +21,11 @@ violation, a raise stays a raise):
 4. simplest values: every score to 0 at once (masked keys too, when the failure does not need
    them), else every finite one; rows lying far from zero as a whole moved ``10**k`` times
    nearer (spread kept) for the largest ``k`` that still fails, found by bisecting the decades
-   (a row at ``1e300`` costs about ten re-checks), so a failure far from zero is reported at
-   the smallest magnitude that still fails; else row by row, then each finite score to 0, else
-   truncated to an integer, else to one significant digit (always towards 0, so a bound such as
-   ``|l| ≤ a`` still holds); otherwise ``-inf``, ``inf`` and NaN stay;
+   (a row at ``1e300`` costs about ten re-checks), then a fifth or half of a decade more, so
+   a failure far from zero is reported at the smallest magnitude that still fails; else row by
+   row, then each finite score to 0, else truncated to an integer, else to one significant
+   digit (always towards 0, so a bound such as ``|l| ≤ a`` still holds); otherwise ``-inf``,
+   ``inf`` and NaN stay;
 5. temperature 1 when the case drew one (not when ``--params`` fixed it).
 
 A case's layout follows its rows: dropping rows or keys fits it to the new row count and length.
@@ -255,7 +256,7 @@ class _Search:
         largest ``k`` that still fails (each row no further than below :data:`FAR`): a failure
         far from zero is reported at the smallest magnitude that still fails. ``k`` is searched
         by halving (the largest first, then bisection), so a row at ``1e300`` costs about ten
-        re-checks, not one per decade."""
+        re-checks, not one per decade; then a fifth or half of the last decade."""
         scores = self.case.scores
         z = scores.to(torch.float64)
         finite = torch.isfinite(z)
@@ -269,12 +270,12 @@ class _Search:
         # the decades each far row may move: until its mean is below FAR
         decades = torch.where(far, torch.floor(torch.log10(mean.abs() / FAR)) + 1, 0.0)
 
-        def moved(k: int):
+        def moved(k: float):
             steps = torch.minimum(decades, torch.tensor(float(k), dtype=torch.float64))
             out = torch.where(finite & far, (z - mean) + mean * 10.0 ** -steps, z).to(scores.dtype)
             return None if torch.equal(out, scores) else self.case._replace(scores=out)
 
-        def fails(k: int) -> bool:
+        def fails(k: float) -> bool:
             candidate = moved(k)
             return candidate is not None and self.attempt(candidate)
 
@@ -288,6 +289,10 @@ class _Search:
                 good = mid
             else:
                 bad = mid
+        # within the decade: a fifth, else half as far (300 -> 150, then one digit: 100)
+        for part in (math.log10(5), math.log10(2)):
+            if good + part < bad and fails(good + part):
+                return True
         return good > 0
 
     def zero(self, where: torch.Tensor) -> bool:
