@@ -383,9 +383,11 @@ class _State:
 #: machine. attnverify's own shrinker (:mod:`attnverify.checks.shrink`) goes on from the smallest
 #: case it reached, in a budget of its own.
 SHRINK_CALLS = 32
-#: ... and at most this many seconds, or the unit's time before its first failure when longer (a
-#: safety net for a slow target: its failing run then costs about what a passing one does).
-SHRINK_S = 5.0
+#: ... and at most this many seconds, or the unit's time before its first failure when longer: a
+#: safety net for a target slower on the shrink's cases than on the search's, far above what the
+#: draws cost on a loaded machine, so that it does not bind in practice (the calls bound a slow
+#: target's shrink in proportion to its search already).
+SHRINK_S = 30.0
 
 
 class ShrinkStopped(BaseException):
