@@ -378,10 +378,11 @@ class _State:
         self.shrink_stopped: int | None = None
 
 
-#: Re-checks Hypothesis's shrink of a unit's failure may make (the calls of the search after its
-#: first failure): the budget that binds in practice, so the reported case is the same on every
-#: machine. attnverify's own shrinker (:mod:`attnverify.checks.shrink`) goes on from the smallest
-#: case it reached, in a budget of its own.
+#: Cases Hypothesis's shrink of a unit's failure may draw (the calls of the search after its
+#: first failure, rejected draws included; it stops at the next check past them): the budget
+#: that binds in practice, so the reported case is the same on every machine. attnverify's own
+#: shrinker (:mod:`attnverify.checks.shrink`) goes on from the smallest case it reached, in a
+#: budget of its own.
 SHRINK_CALLS = 32
 #: ... and at most this many seconds, or the unit's time before its first failure when longer: a
 #: safety net for a target slower on the shrink's cases than on the search's, far above what the
