@@ -20,6 +20,7 @@ from typing import Any
 import hypothesis
 import torch
 from hypothesis import given
+from hypothesis import strategies as st
 
 from attnverify import heartbeat, sequence, triton_runtime
 from attnverify.checks import PROPERTIES, Property, Violation, properties_for
@@ -371,6 +372,70 @@ class _State:
         self.deferred: dict[type, list] = {}
         #: The earlier examples the failure needs (:mod:`attnverify.sequence`), oldest first.
         self.sequence: tuple = ()
+        #: The budget of Hypothesis's shrink of this unit's failure (:class:`ShrinkBudget`).
+        self.shrink = ShrinkBudget()
+        #: The calls after which that budget stopped the shrink (``None``: it was not stopped).
+        self.shrink_stopped: int | None = None
+
+
+#: Cases Hypothesis's shrink of a unit's failure may draw (the calls of the search after its
+#: first failure, rejected draws included; it stops at the next check past them): the budget
+#: that binds in practice, so the reported case is the same on every machine. attnverify's own
+#: shrinker (:mod:`attnverify.checks.shrink`) goes on from the smallest case it reached, in a
+#: budget of its own.
+SHRINK_CALLS = 32
+#: ... and at most this many seconds, or the unit's time before its first failure when longer: a
+#: safety net for a target slower on the shrink's cases than on the search's, far above what the
+#: draws cost on a loaded machine, so that it does not bind in practice (the calls bound a slow
+#: target's shrink in proportion to its search already).
+SHRINK_S = 30.0
+
+
+class ShrinkStopped(BaseException):
+    """Raised into Hypothesis when its shrink has spent its budget (:class:`ShrinkBudget`): not
+    an ``Exception``, so Hypothesis does not take it for a failure of the test but ends its run,
+    and the smallest failure the shrink reached is reported (:func:`_run_property`)."""
+
+
+class ShrinkBudget:
+    """What one unit's Hypothesis shrink has spent: the calls of the search after its first
+    failure (:data:`SHRINK_CALLS`), and the seconds (:data:`SHRINK_S`, or the unit's time before
+    that failure when longer); and the smallest failure like the first it has seen."""
+
+    def __init__(self) -> None:
+        self.began = time.monotonic()
+        self.failed_at: float | None = None
+        self.calls = 0
+        self.best: tuple[Any, BaseException] | None = None
+
+    def drawn(self) -> None:
+        """Count a case the shrink draws (:func:`_budgeted`), whether or not it reaches the
+        test's body."""
+        if self.failed_at is not None:
+            self.calls += 1
+
+    def check(self) -> None:
+        """Stop the shrink (:class:`ShrinkStopped`) before the body checks a case past the
+        budget. Raised from the body, not the strategy: a draw cut short would make Hypothesis
+        take its data generation for inconsistent."""
+        if self.failed_at is None:
+            return
+        allowed = max(SHRINK_S, self.failed_at - self.began)
+        if self.calls > SHRINK_CALLS or time.monotonic() - self.failed_at > allowed:
+            raise ShrinkStopped()
+
+    @property
+    def spent(self) -> int:
+        """The calls the shrink made before it was stopped."""
+        return max(self.calls - 1, 0)
+
+    def failed(self, case: Any, exc: BaseException) -> None:
+        """Record a failing call: the first starts the shrink; a later one is kept when it fails
+        like the first (the same exception type) on a case no larger than the one kept."""
+        if self.best is None:
+            self.failed_at, self.best = time.monotonic(), (case, exc)
+        elif type(exc) is type(self.best[1]) and _size(case) <= _size(self.best[0]):
+            self.best = (case, exc)
 
 
 #: Cases of more entries than this report no ``hypothesis.target``: Hypothesis's target phase
@@ -557,6 +622,9 @@ def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
     try:
         with seeded_generation():  # the same cases in every process for one seed
             _hypothesis_test(prop, spec, ctx, state)()
+    except ShrinkStopped:  # the smallest failure the shrink reached in its budget
+        failures.append(state.shrink.best)
+        state.shrink_stopped = state.shrink.spent
     except Exception as exc:  # noqa: BLE001 - classified below
         exc = _unwrap(exc)
         failures.append((getattr(exc, "attnverify_case", state.last), exc))
@@ -649,16 +717,33 @@ def search_test(prop: Property, spec: NormalizerSpec, ctx: Context, state: _Stat
     label = "" if fuzz else prop.id
 
     def body(case):
+        if not fuzz:
+            state.shrink.check()
         try:
             ratio = _evaluate(prop, spec, ctx, state, case)
         except WorkerFailed as exc:
             if not fuzz:
                 raise
             raise WorkerStopped(f"the normalizer {exc.reason}") from None
+        except Exception as exc:
+            if not fuzz:
+                state.shrink.failed(case, exc)
+            raise
         if math.isfinite(ratio) and _size(case) <= CLIMB_ENTRIES:
             hypothesis.target(min(ratio, 1e12), label=label)
 
-    return given(prop.cases(spec, ctx))(body)
+    cases = prop.cases(spec, ctx)
+    if not fuzz:  # certify bounds the shrink (HypoFuzz shrinks what it files in full)
+        cases = _budgeted(cases, state.shrink)
+    return given(cases)(body)
+
+
+@st.composite
+def _budgeted(draw, cases, budget: ShrinkBudget):
+    """``cases``, each draw counted by ``budget`` first: a call of the test that the shrink
+    makes whether or not its case reaches the body (:meth:`ShrinkBudget.drawn`)."""
+    budget.drawn()
+    return draw(cases)
 
 
 def database_key_of(prop: Property, spec: NormalizerSpec, ctx: Context) -> bytes:
@@ -807,6 +892,8 @@ def _finish(prop, claimed, status, state, start, message, violation, spec, ctx) 
                 state.sequence, spec.params)
         if not state.reproduces:
             counterexample["reproduces"] = False
+        if state.shrink_stopped is not None:
+            counterexample["shrink_stopped_after"] = state.shrink_stopped
         counterexample["repro"] = repro_for(spec, case_json, prop.id, seed=ctx.seed)
     return PropertyResult(
         property=prop.id,

@@ -329,6 +329,9 @@ def _violation_lines(r: dict[str, Any], tracebacks: bool = False) -> list[str]:
             out.append(f"    {sequence_text(ce['sequence'])}")
         if ce.get("reproduces") is False:
             out.append("    note: re-checking this case alone did not fail again (flaky)")
+        if ce.get("shrink_stopped_after") is not None:
+            out.append(f"    note: Hypothesis's shrink stopped after {ce['shrink_stopped_after']} "
+                       "draws (its budget); attnverify's shrinker went on from its smallest case")
         if "repro" in ce:
             out.append(f"    repro: {ce['repro']}")
     return out

@@ -255,6 +255,17 @@ def test_shrinking_tries_simpler_layouts_only():
     assert any(c.rank == 2 and c.from_end == -2 for c in candidates)  # same axis, rank 2
 
 
+def test_shrinking_a_contiguous_layout_keeps_its_axis_at_a_lower_rank():
+    """A contiguous block normalised along an axis other than the last, at rank 3: a rank-2
+    block along the same axis is a candidate (a kernel that assumes ``dim=-1`` fails there too),
+    not only the plain block and the axis moved last."""
+    lay = build_layout(2, 2, rank=3, from_end=-3)
+    assert lay.kinds == ("contiguous",) and lay.rank == 3
+    candidates = simpler_layouts(lay)
+    assert any(c.rank == 2 and c.from_end == -2 and c.kinds == ("contiguous",)
+               for c in candidates), candidates
+
+
 def test_shrinking_removes_each_feature_of_a_combination_on_its_own():
     lay = build_layout(6, 4, rank=4, kind=("transposed", "strided", "expanded", "offset"),
                        detail=5)

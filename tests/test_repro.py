@@ -240,3 +240,69 @@ def test_shrink_never_leaves_the_domain_by_masking_a_whole_row():
     small, _ = shrink(fails_on_any_masked_key, RowCase(all_masked, None, "fully_masked", 0),
                       first.value)
     assert small.scores.tolist() == [[-math.inf]]
+
+
+def test_shrink_moves_a_far_row_to_the_smallest_failing_magnitude_in_a_few_rechecks():
+    """A failure above a magnitude (here 1e5), met on a row at 1e300: the shrunk row lies within
+    a decade of that threshold, found by bisecting the decades (about ten re-checks), not by
+    moving a tenth nearer per re-check (three hundred)."""
+    from attnverify.checks.base import Violation
+    from attnverify.checks.shrink import shrink
+
+    calls = []
+
+    def fails_far_from_zero(case):
+        calls.append(case)
+        if float(case.scores.abs().max()) > 1e5:
+            raise Violation("too large", observed=1, bound=0, ratio=math.inf)
+
+    z = torch.tensor([[1e300, 3e300]], dtype=torch.float64)
+    with pytest.raises(Violation) as first:
+        fails_far_from_zero(RowCase(z, None, "far_rows", 0))
+    calls.clear()
+    small, exc = shrink(fails_far_from_zero, RowCase(z, None, "far_rows", 0), first.value)
+    assert isinstance(exc, Violation)
+    assert 1e5 < float(small.scores.abs().max()) <= 1e7, small.scores
+    assert len(calls) <= 40, len(calls)
+
+
+def test_hypothesis_shrink_stops_at_its_budget_and_says_so(monkeypatch, capsys):
+    """A failing unit's Hypothesis shrink draws at most ``SHRINK_CALLS`` cases (this one needs
+    about 28 to finish): stopped there, the smallest failure it reached is shrunk further by
+    attnverify's shrinker, reported minimal with a repro that fails, and the counterexample and
+    the console say the shrink was stopped."""
+    from attnverify import certify, report
+
+    ctx = make_context("dev", seed=0, dtypes="float32")
+    monkeypatch.setattr(certify, "SHRINK_CALLS", 2)
+    short = failing("wrong_threshold_sparsemax", "simplex", ctx=ctx)
+    monkeypatch.setattr(certify, "SHRINK_CALLS", 16)
+    longer = failing("wrong_threshold_sparsemax", "simplex", ctx=ctx)
+    ce = short["counterexample"]
+    # a draw the strategy rejects counts but reaches no check: the shrink stops at the next check
+    assert 2 <= ce["shrink_stopped_after"] < longer["counterexample"]["shrink_stopped_after"]
+    assert short["examples"] < longer["examples"]
+    assert ce["scores"] == [[0.0]] and "reproduces" not in ce
+    code, out = run_line(capsys, ce["repro"])
+    assert code == 1 and "row sum" in out
+    lines = report._violation_lines(short)
+    assert any(f"shrink stopped after {ce['shrink_stopped_after']} draws" in line
+               for line in lines)
+
+
+def test_shrink_reports_a_far_failure_at_one_digit_above_its_threshold():
+    """exp overflows float32 above 88.7: a row met at 3e30 is reported at 100 (the decade
+    search stops at 300; halving and a fifth bring it under 200, one significant digit to
+    100)."""
+    from attnverify.checks.base import Violation
+    from attnverify.checks.shrink import shrink
+
+    def overflows(case):
+        if not bool(torch.isfinite(torch.exp(case.scores)).all()):
+            raise Violation("inf", observed=math.inf, bound=1, ratio=math.inf)
+
+    z = torch.tensor([[3e30]])
+    with pytest.raises(Violation) as first:
+        overflows(RowCase(z, None, "far_rows", 0))
+    small, _ = shrink(overflows, RowCase(z, None, "far_rows", 0), first.value)
+    assert small.scores.tolist() == [[100.0]]

@@ -19,11 +19,13 @@ violation, a raise stays a raise):
    to 0 at once (below), then drop blocks of keys likewise (masked keys are dropped only when
    the failure survives, so a mask the failure needs is kept);
 4. simplest values: every score to 0 at once (masked keys too, when the failure does not need
-   them), else every finite one; rows lying far from zero as a whole moved a tenth as far
-   (spread kept) while the failure stays, so a failure far from zero is reported at the
-   smallest magnitude that still fails; else row by row, then each finite score to 0, else truncated
-   to an integer, else to one significant digit (always towards 0, so a bound such as
-   ``|l| ≤ a`` still holds); otherwise ``-inf``, ``inf`` and NaN stay;
+   them), else every finite one; rows lying far from zero as a whole moved ``10**k`` times
+   nearer (spread kept) for the largest ``k`` that still fails, found by bisecting the decades
+   (a row at ``1e300`` costs about ten re-checks), then a fifth or half of a decade more, so
+   a failure far from zero is reported at the smallest magnitude that still fails; else row by
+   row, then each finite score to 0, else truncated to an integer, else to one significant
+   digit (always towards 0, so a bound such as ``|l| ≤ a`` still holds); otherwise ``-inf``,
+   ``inf`` and NaN stay;
 5. temperature 1 when the case drew one (not when ``--params`` fixed it).
 
 A case's layout follows its rows: dropping rows or keys fits it to the new row count and length.
@@ -250,26 +252,48 @@ class _Search:
 
     def nearer_zero(self) -> bool:
         """Rows lying far from zero as a whole (every finite score on one side, their mean at
-        least :data:`FAR` away) moved a tenth as far, keeping their spread, while the failure
-        stays: a failure far from zero is reported at the smallest magnitude that still
-        fails."""
-        changed = False
-        while not self.exhausted():
-            scores = self.case.scores
-            z = scores.to(torch.float64)
-            finite = torch.isfinite(z)
-            count = finite.sum(-1, keepdim=True).clamp_min(1)
-            mean = torch.where(finite, z, 0.0).sum(-1, keepdim=True) / count
-            low = torch.where(finite, z, math.inf).amin(-1, keepdim=True)
-            high = torch.where(finite, z, -math.inf).amax(-1, keepdim=True)
-            far = ((low > 0) | (high < 0)) & (mean.abs() >= FAR) & finite.any(-1, keepdim=True)
-            if not bool(far.any()):
-                return changed
-            moved = torch.where(finite & far, z - 0.9 * mean, z).to(scores.dtype)
-            if torch.equal(moved, scores) or not self.attempt(self.case._replace(scores=moved)):
-                return changed
-            changed = True
-        return changed
+        least :data:`FAR` away) moved ``10**k`` times nearer, keeping their spread, for the
+        largest ``k`` that still fails (each row no further than below :data:`FAR`): a failure
+        far from zero is reported at the smallest magnitude that still fails. ``k`` is searched
+        by halving (the largest first, then bisection), so a row at ``1e300`` costs about ten
+        re-checks, not one per decade; then a fifth or half of the last decade."""
+        scores = self.case.scores
+        z = scores.to(torch.float64)
+        finite = torch.isfinite(z)
+        count = finite.sum(-1, keepdim=True).clamp_min(1)
+        mean = torch.where(finite, z, 0.0).sum(-1, keepdim=True) / count
+        low = torch.where(finite, z, math.inf).amin(-1, keepdim=True)
+        high = torch.where(finite, z, -math.inf).amax(-1, keepdim=True)
+        far = ((low > 0) | (high < 0)) & (mean.abs() >= FAR) & finite.any(-1, keepdim=True)
+        if not bool(far.any()):
+            return False
+        # the decades each far row may move: until its mean is below FAR
+        decades = torch.where(far, torch.floor(torch.log10(mean.abs() / FAR)) + 1, 0.0)
+
+        def moved(k: float):
+            steps = torch.minimum(decades, torch.tensor(float(k), dtype=torch.float64))
+            out = torch.where(finite & far, (z - mean) + mean * 10.0 ** -steps, z).to(scores.dtype)
+            return None if torch.equal(out, scores) else self.case._replace(scores=out)
+
+        def fails(k: float) -> bool:
+            candidate = moved(k)
+            return candidate is not None and self.attempt(candidate)
+
+        top = int(decades.max())
+        if fails(top):
+            return True
+        good, bad = 0, top  # the case fails as it is (k = 0), not moved ``top`` decades
+        while bad - good > 1 and not self.exhausted():
+            mid = (good + bad) // 2
+            if fails(mid):
+                good = mid
+            else:
+                bad = mid
+        # within the decade: a fifth, else half as far (300 -> 150, then one digit: 100)
+        for part in (math.log10(5), math.log10(2)):
+            if good + part < bad and fails(good + part):
+                return True
+        return good > 0
 
     def zero(self, where: torch.Tensor) -> bool:
         """Set the finite nonzero scores in ``where`` to 0, if that still fails."""
@@ -339,11 +363,13 @@ def simpler_layouts(layout: Layout) -> list[Layout]:
     """Candidates simpler than ``layout`` (:func:`_complexity`), simplest first. Made from the
     plain block; each of its kinds alone, its kinds together and all but one of them, at rank
     2 and 3; and the layout with one feature removed (each on its own: the offset, a slice
-    step, the expanded axes, the memory order, the axis, the positive spelling)."""
+    step, the expanded axes, the memory order, the axis, the positive spelling). A layout of no
+    kind but ``contiguous`` is a kind of its own here (its axis kept at rank 2 and 3)."""
     rows, length = layout.rows, layout.length
     out = [plain(rows, length)]
     kinds = [k for k in layout.kinds if k != "contiguous"]
-    groups = [(k,) for k in kinds]
+    # a contiguous block along another axis than the last: that axis at a lower rank
+    groups = [(k,) for k in kinds] or [("contiguous",)]
     if len(kinds) > 1:
         groups += [tuple(kinds)] + [tuple(k for k in kinds if k != drop) for drop in kinds
                                     if len(kinds) > 2]
