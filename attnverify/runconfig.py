@@ -323,3 +323,19 @@ def isolation_default() -> bool:
     if raw in ("0", "off", "false", "no"):
         return False
     raise UsageError(f"{ISOLATION_ENV}={raw!r}: expected 1/on or 0/off")
+
+
+#: ``falsify --workers``: at most this many search processes.
+MAX_WORKERS = 64
+
+
+def check_workers(value: object) -> int:
+    """``--workers N``: 1 to :data:`MAX_WORKERS`."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isascii() or not text.isdigit() or len(text) > 6:
+        raise UsageError(f"--workers expects a whole number from 1 to {MAX_WORKERS}, "
+                         f"got {str(value)[:40]!r}")
+    n = int(text)
+    if not 1 <= n <= MAX_WORKERS:
+        raise UsageError(f"--workers must be between 1 and {MAX_WORKERS}, got {n}")
+    return n
