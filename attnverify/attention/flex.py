@@ -19,6 +19,7 @@ import functools
 import math
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 NEG_INF = float("-inf")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -49,7 +50,6 @@ def unavailable() -> str:
 
 def flash_unavailable() -> str:
     """Why SDPA's flash backend cannot run here, or ``""`` (probed once on a tiny input)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     q = torch.zeros(1, 1, 2, 8)
     try:

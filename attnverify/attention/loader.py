@@ -14,6 +14,7 @@ from typing import Any
 from attnverify.attention.kernels import builtins
 from attnverify.attention.spec import AttentionSpec, attention_spec
 from attnverify.errors import TargetError, UsageError
+from attnverify.registry import _import_file, _import_module
 
 SDPA_ARGS = ("attn_mask", "is_causal", "scale")
 
@@ -39,7 +40,6 @@ def load_attention(target: str, params: Mapping[str, Any] | None = None) -> Atte
 
 
 def _resolve(target: str) -> AttentionSpec:
-    from attnverify.registry import _import_file, _import_module
 
     table = builtins()
     if not target:
