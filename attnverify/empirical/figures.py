@@ -11,6 +11,8 @@ import io
 import math
 from pathlib import Path
 
+import numpy as np
+
 from attnverify.atomic import write_bytes_atomic
 from attnverify.empirical.targets import MODEL_SOFTMAX
 
@@ -76,7 +78,6 @@ def _save(fig, path: Path) -> None:
 
 def _quartiles(per_head_lists):
     """Median, q25, q75 over heads for each entry of a ``[x][head]`` list."""
-    import numpy as np
 
     arr = np.array([[v if v is not None else np.nan for v in row] for row in per_head_lists],
                    dtype=float)

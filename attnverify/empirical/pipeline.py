@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import resource
+import shlex
 import sys
 import time
 from contextlib import contextmanager
@@ -17,9 +18,14 @@ from pathlib import Path
 
 import torch
 
+import attnverify
 from attnverify.empirical import config as cfg
 from attnverify.empirical import targets
+from attnverify.empirical.comparison import paper_comparison
 from attnverify.empirical.experiments import NEEDS_MODEL, RUNNERS, Context
+from attnverify.empirical.extraction import extract
+from attnverify.empirical.figures import write_figures
+from attnverify.empirical.report import write_report
 from attnverify.empirical.store import CheckpointStore, fingerprint, write_json_atomic
 from attnverify.empirical.text import Text, load_text, resolve_text_path, token_windows
 from attnverify.errors import UsageError
@@ -76,7 +82,6 @@ def _variant_fingerprint(config: cfg.RunConfig, embeddings: str, text: Text | No
 def _run_variant(embeddings: str, ctx: Context, store: CheckpointStore, print_: str) -> dict:
     """The x-dependent experiments again with x_i = ``embeddings``, the model's softmax only,
     and their comparison rows: how the verdicts move with the choice."""
-    from attnverify.empirical.comparison import paper_comparison
 
     start = time.perf_counter()
     sub = Context(ctx.config.replace(embeddings=embeddings),
@@ -160,7 +165,6 @@ def _prepare(config, store, text, weightings, needs_model, pending, variants=Fal
 
 
 def _extract(config: cfg.RunConfig, text: Text):
-    from attnverify.empirical.extraction import extract
     from attnverify.empirical.models import load_model
 
     t0 = time.perf_counter()
@@ -266,9 +270,6 @@ def _bar_factory(config: cfg.RunConfig):
 
 
 def _finish(config, meta, results, text, weightings, failed, variants=None) -> dict:
-    from attnverify.empirical.comparison import paper_comparison
-    from attnverify.empirical.figures import write_figures
-    from attnverify.empirical.report import write_report
 
     out = Path(config.out)
     document = {
@@ -301,7 +302,6 @@ _NO_FLAG = ("collapse_width", "collapse_tokens", "collapse_pairs", "training_lam
 def command_line(config: cfg.RunConfig) -> str:
     """A command that reproduces the run's numbers: every setting that differs from its
     default, as its flag (``python -m attnverify.empirical`` takes the same flags)."""
-    import shlex
 
     base = cfg.RunConfig(model=config.model)
     parts = ["python", "-m", "attnverify.empirical", "--model", config.model]
@@ -358,7 +358,6 @@ def _display_path(path: Path) -> str:
 
 
 def _environment(config) -> dict:
-    import attnverify
 
     try:
         import transformers
