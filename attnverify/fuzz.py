@@ -30,9 +30,17 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+import hypothesis
+from hypothesis import given
+from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
+from hypothesis.internal.reflection import function_digest
 
+from attnverify import campaign
 from attnverify.errors import UsageError, WorkerFailed
+from attnverify.exampledb import database_key, open_database
+from attnverify.registry import parse_params
+from attnverify.runconfig import hypothesis_settings, make_context
 
 TARGET_ENV = "ATTNVERIFY_FUZZ_TARGET"
 DATABASE_ENV = "ATTNVERIFY_FUZZ_DATABASE"
@@ -98,7 +106,6 @@ class UnitKeys(ExampleDatabase):
         self.units.append((test, key))
 
     def _pairs(self) -> list[tuple[bytes, bytes]]:
-        from hypothesis.internal.reflection import function_digest
 
         pairs = []
         for test, key in self.units:
@@ -185,11 +192,9 @@ def certify_test(prop, spec, ctx, database: UnitKeys, *, label: str = ""):
     draws afresh), filed under :func:`attnverify.certify.database_key_of`. A worker that fails
     is a :class:`WorkerStopped` failure; a property that does not apply is skipped with its
     reason."""
-    import hypothesis
     import pytest
 
     from attnverify.certify import _State, database_key_of, search_test
-    from attnverify.runconfig import hypothesis_settings
 
     state = _State()
     state.coverage = _Uncounted()
@@ -225,7 +230,6 @@ def certify_tests(environ=None) -> dict[str, Any]:
     from attnverify import remote
     from attnverify.certify import fix_reference, fix_temperature, plan
     from attnverify.isolation import close
-    from attnverify.registry import parse_params
 
     params = _named("ATTNVERIFY_FUZZ_PARAMS", parse_params, cfg["params"])
     ctx = _context(cfg)
@@ -295,13 +299,11 @@ def _config(environ) -> dict[str, Any]:
 
 
 def _context(cfg):
-    from attnverify.runconfig import make_context
 
     return make_context(dtypes=cfg["dtypes"], device=cfg["device"])
 
 
 def _open(text: str):
-    from attnverify.exampledb import open_database
 
     return open_database(text, option=DATABASE_ENV)
 
@@ -309,9 +311,6 @@ def _open(text: str):
 def _load_profile(ctx, database: UnitKeys) -> None:
     """Make ``database`` Hypothesis's default: HypoFuzz fuzzes only tests whose database is the
     default one, and its workers and dashboard open the default."""
-    import hypothesis
-
-    from attnverify.runconfig import hypothesis_settings
 
     hypothesis.settings.register_profile(
         "attnverify-fuzz", hypothesis.settings(hypothesis_settings(ctx), database=database))
@@ -335,8 +334,6 @@ def entry_tests(environ=None) -> dict[str, Any]:
     A usage error (a bad variable, a target that does not load) is a collection error naming
     the variable."""
     import pytest
-    from hypothesis import given
-    from hypothesis import strategies as st
 
     environ = os.environ if environ is None else environ
     if not _env(TARGET_ENV, environ):
@@ -366,7 +363,6 @@ def strata_key(label: str, normalized: str, params: dict[str, Any], stratum) -> 
     """The key under which ``falsify TARGET EXPR --database`` keeps a stratum's Hypothesis corpus
     (:func:`attnverify.falsify_search.run_hypothesis`): the target as given, the normalized
     inequality, the parameters as given and the stratum's name."""
-    from attnverify.exampledb import database_key
 
     bound = "|".join([label, normalized, ",".join(f"{k}={v}" for k, v in sorted(params.items()))])
     return database_key("strata", f"{bound}|{stratum.name}")
@@ -378,14 +374,8 @@ def falsify_test(search, record, database: UnitKeys, *, label: str, witness_key:
     unlimited), the merit as an unlabelled target; a case that breaks the bound is a
     :class:`Falsified` failure, and (fewest keys so far in this process first) a witness under
     falsify's witness key, which ``falsify --database`` replays before it searches."""
-    import math
 
-    import hypothesis
-    from hypothesis import given
-
-    from attnverify import campaign
     from attnverify.falsify_search import _Crossed, merit, stratum_cases
-    from attnverify.runconfig import hypothesis_settings
 
     smallest: list[tuple[int, int]] = []
 
@@ -441,8 +431,6 @@ def falsify_tests(environ=None) -> dict[str, Any]:
     from attnverify.falsify_search import Budget
     from attnverify.isolation import close
     from attnverify.quantities import QUANTITIES
-    from attnverify.registry import parse_params
-    from attnverify.runconfig import make_context
 
     (target,) = cfg["targets"]
     params = _named("ATTNVERIFY_FUZZ_PARAMS", parse_params, cfg["params"])

@@ -13,12 +13,17 @@ controller, which writes the file.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
+import attnverify
+from attnverify.atomic import check_output_paths
+from attnverify.errors import UsageError
 from attnverify.runconfig import DEFAULT_PROFILE, PROFILE_NAMES, register_profiles
 
 
@@ -27,10 +32,6 @@ def _source_properties() -> None:
     source checkout (``python -m pytest`` in the repository puts the checkout's ``attnverify/``
     ahead of the installed package): the suite then lives in the checkout's ``properties/``,
     which only the install maps into the package (``pyproject.toml``, package-dir)."""
-    import importlib.util
-    import sys
-
-    import attnverify
 
     folder = Path(attnverify.__file__).resolve().parent.parent / "properties"
     spec = importlib.util.spec_from_file_location(
@@ -106,12 +107,10 @@ def pytest_configure(config):
 def _validate(config, target: str) -> None:
     """Bad targets, parameters or claims stop pytest with a one-line usage error (exit 4). The
     targets load in worker processes (the suite's own loading, cached for this process)."""
-    from attnverify.errors import UsageError
     from attnverify.properties.test_properties import _key, _load
 
     try:
         _load(_key(config))
-        from attnverify.atomic import check_output_paths
 
         check_output_paths({"--attnverify-json": option(config, "json"),
                             "--attnverify-markdown": option(config, "markdown")})
