@@ -21,6 +21,7 @@ from attnverify.certify import make_context, run_property
 from attnverify.checks import PROPERTIES
 from attnverify.checks.base import Context
 from attnverify.registry import load_target
+from attnverify.report import check_outputs, write_atomic, write_json
 from attnverify.serialize import jsonable
 
 
@@ -302,7 +303,6 @@ def table_markdown(rows: list[ClaimRow]) -> str:
 
 def run_claims_command(args) -> int:
     from attnverify import __version__
-    from attnverify.report import check_outputs, write_atomic, write_json
 
     ctx = make_context(args.profile, seed=args.seed)
     check_outputs(json=args.json_path, markdown=args.markdown_path)  # also: not the same file

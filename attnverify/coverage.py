@@ -44,6 +44,9 @@ import contextvars
 import math
 from typing import Any
 
+from attnverify.attention.coverage import AttentionCoverage
+from attnverify.attention.coverage import merge as merge_attention
+
 FIELDS = ("cases", "dtypes", "ranks", "axes", "layouts", "row_length", "row_count",
           "elements", "large_cases", "large_sizes", "masked_keys", "fully_masked_rows",
           "temperature", "values", "magnitudes", "decades", "far_below", "shifts",
@@ -201,7 +204,6 @@ class Coverage:
         import torch
 
         from attnverify.attention.cases import has_dead_rows
-        from attnverify.attention.coverage import AttentionCoverage
 
         q, k = case.q, case.k
         self.dtypes.add(str(q.dtype).removeprefix("torch."))
@@ -374,7 +376,6 @@ def _attention_union(blocks: list[dict]) -> dict[str, Any]:
     parts = [b["attention"] for b in blocks if b.get("attention")]
     if not parts:
         return {}
-    from attnverify.attention.coverage import merge as merge_attention
 
     return {"attention": merge_attention(parts)}
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -130,7 +131,6 @@ def _describe(char: str) -> str:
     ``'\\xa0' (U+00A0 NO-BREAK SPACE)``."""
     if char.isascii() and char.isprintable():
         return repr(char)
-    import unicodedata
 
     name = unicodedata.name(char, "")
     return f"{char!r} (U+{ord(char):04X}{' ' + name if name else ''})"

@@ -55,9 +55,11 @@ from hypothesis import strategies as st
 
 from attnverify import heartbeat, precise
 from attnverify import strategies as S
+from attnverify.checks.base import Violation
+from attnverify.checks.shrink import shrink
 from attnverify.expr import Inequality, margin
 from attnverify.quantities import QUANTITIES, evaluate_quantities, rounding_errors
-from attnverify.runconfig import hypothesis_settings
+from attnverify.runconfig import hypothesis_settings, seeded_generation
 from attnverify.serialize import encode_tensor, jsonable, number
 from attnverify.tolerances import tol_for
 
@@ -797,7 +799,6 @@ def run_hypothesis(test, *, ctx, seed: int, max_examples: int, key: str, databas
         digest = hashlib.sha256(key.encode()).digest()
     wrapped = settings(test)
     wrapped._hypothesis_internal_database_key = digest
-    from attnverify.runconfig import seeded_generation
 
     with seeded_generation():  # the same cases in every process for one seed
         wrapped()
@@ -1044,8 +1045,6 @@ def shrink_witness(search: Search, witness: Evaluation,
                    vary_temperature: bool) -> tuple[Evaluation, int]:
     """The smallest failing case the greedy shrinker finds from ``witness`` (fewest keys, then
     simplest values, then T = 1), and the evaluations it spent."""
-    from attnverify.checks.base import Violation
-    from attnverify.checks.shrink import shrink
 
     last = {"ev": witness, "n": 0}
 

@@ -12,10 +12,13 @@ that is not given leaves its units ``not_checked``: the targets they belong to r
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from attnverify.errors import UsageError
+from attnverify.shard import unit_id
+from attnverify.xfails import load_xfails
 
 #: Top-level keys every part of one run shares (they describe the run).
 SAME = ("schema_version", "attnverify_version", "torch_version", "device", "profile", "seed",
@@ -98,7 +101,6 @@ def merge_parts(parts: list[tuple[str, dict]]) -> dict[str, Any]:
     the unsharded run's certificate, with ``merged_from`` (each part's shard, machine and checker
     pid) and ``missing_shards`` (the shards not given)."""
     from attnverify.certify import PropertyResult, TargetResult, combine
-    from attnverify.shard import unit_id
 
     first = parts[0][1]
     device = first.get("device") or "cpu"
@@ -162,7 +164,6 @@ def _effects_seen_elsewhere(target, parts, index: int, count: int, seed) -> None
     """``no_side_effects`` checks every call of the run, but each shard's worker saw only that
     shard's calls: a side effect any shard's worker reported (``side_effects`` of its part)
     fails the merged property even where its own units held."""
-    import math
 
     from attnverify.serialize import repro_command
 
@@ -197,7 +198,6 @@ def run_merge_command(args) -> int:
     here), 1 when a claimed property failed (after ``--xfails``) or a shard is missing, 2 on
     parts that do not belong together (nothing is written)."""
     from attnverify import report
-    from attnverify.xfails import load_xfails
 
     report.check_outputs(json=args.json_path, markdown=args.markdown_path)
     xfails = load_xfails(args.xfails) if args.xfails else None

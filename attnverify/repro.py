@@ -15,15 +15,20 @@ message while the normalizer fails there (or raises), 0 once it holds, 2 for bad
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
-from attnverify.errors import UsageError
+import torch
+
+from attnverify.errors import UsageError, WorkerFailed
+from attnverify.expr import parse_inequality
+from attnverify.registry import load_target, parse_params
+from attnverify.runconfig import PROFILES, make_context
 from attnverify.serialize import NON_FINITE, decode_case, decode_tensor, read_case
 
 
 def _params(data: dict[str, Any], text: str | None) -> dict[str, Any]:
-    from attnverify.registry import parse_params
 
     raw = data.get("params") or {}
     if not isinstance(raw, dict):
@@ -36,9 +41,6 @@ def _params(data: dict[str, Any], text: str | None) -> dict[str, Any]:
 def run_repro_command(args) -> int:
     from attnverify import remote
     from attnverify.checks.base import positive_temperature
-    from attnverify.errors import WorkerFailed
-    from attnverify.registry import load_target
-    from attnverify.runconfig import PROFILES, make_context
 
     if (args.property is None) == (args.inequality is None):
         raise UsageError("repro needs exactly one of --property ID or --inequality \"LHS <= RHS\"")
@@ -102,7 +104,6 @@ def _case(data: dict[str, Any], prop_id: str, attention: bool):
 def attention_spec(target: str, params: dict[str, Any], ctx, reference: str | None):
     """The attention kernel ``target`` in a worker of its own, lifted to a normalizer as
     certify --attention checks it (both kinds of property take it)."""
-    import dataclasses
 
     from attnverify import remote
     from attnverify.attention.run import lifted_spec
@@ -151,9 +152,7 @@ def _property(target: str, spec, prop_id: str, case, ctx, steps=()) -> int:
 
 
 def _inequality(target: str, spec, text: str, data: dict[str, Any], params) -> int:
-    import torch
 
-    from attnverify.expr import parse_inequality
     from attnverify.falsify import FalsifyCase, evaluate
     from attnverify.quantities import QUANTITIES
 

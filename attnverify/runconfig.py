@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from dataclasses import dataclass
 from functools import cache
 
 from attnverify.errors import UsageError
@@ -76,7 +77,6 @@ def _dtypes() -> dict:
 
 @cache
 def _run_context() -> type:
-    from dataclasses import dataclass
 
     from attnverify.checks.base import Context
 

@@ -22,13 +22,17 @@ module of the checker, and the checker (:mod:`attnverify.remote`) uses the same 
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import json
 import math
 import mmap
 import os
+import select
 import socket
 import struct
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,8 +136,6 @@ def _read_exact(sock: socket.socket, n: int, fds: list | None = None,
     however the bytes trickle in (a peer sending one byte at a time gains no time). ``text``:
     each chunk is checked as it arrives (only the bytes :func:`dump` writes), so a frame whose
     body cannot be a message fails at once instead of waiting for the rest of it."""
-    import select
-    import time
 
     chunks, got = [], 0
     while got < n:
@@ -196,7 +198,6 @@ def _memfd(size: int) -> int:
 
 
 def _seal(fd: int) -> None:
-    import fcntl
 
     seals = sum(getattr(fcntl, name, 0) for name in ("F_SEAL_SHRINK", "F_SEAL_GROW",
                                                       "F_SEAL_SEAL"))
@@ -265,7 +266,6 @@ def _map(fd: int, size: int):
     not hold the descriptor; ``drop()`` frees the file's pages (``MADV_REMOVE``), ``None`` where
     that is not available."""
     try:
-        import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
