@@ -201,7 +201,6 @@ class TargetResult:
         return "certified"
 
     def to_json(self, *, partial: bool = False) -> dict[str, Any]:
-
         coverage = target_block(self.results)
         declared = (coverage or {}).get("declared")
         if coverage is not None and self.call_cap:

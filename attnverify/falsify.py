@@ -262,8 +262,6 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
     shared = campaign.current()
     params = dict(params or {})
     if params.get("temperature") is not None and ctx.temperature is None:
-        from attnverify.certify import fix_temperature
-
         ctx = fix_temperature(ctx, params)
     start = time.perf_counter()
     search = make_search(spec, ineq, ctx, params)

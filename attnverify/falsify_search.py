@@ -57,6 +57,7 @@ from attnverify import heartbeat, precise
 from attnverify import strategies as S
 from attnverify.checks.base import Violation
 from attnverify.checks.shrink import shrink
+from attnverify.exampledb import database_key
 from attnverify.expr import Inequality, margin
 from attnverify.quantities import QUANTITIES, evaluate_quantities, rounding_errors
 from attnverify.runconfig import hypothesis_settings, seeded_generation
@@ -791,8 +792,6 @@ def run_hypothesis(test, *, ctx, seed: int, max_examples: int, key: str, databas
     test = hypothesis.seed(seed)(test)
     settings = hypothesis_settings(ctx, max_examples=max(1, max_examples), phases=STRATA_PHASES)
     if database is not None:
-        from attnverify.exampledb import database_key
-
         settings = hypothesis.settings(settings, database=database)
         digest = database_key("strata", key)
     else:

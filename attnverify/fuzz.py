@@ -106,7 +106,6 @@ class UnitKeys(ExampleDatabase):
         self.units.append((test, key))
 
     def _pairs(self) -> list[tuple[bytes, bytes]]:
-
         pairs = []
         for test, key in self.units:
             inner = test.hypothesis.inner_test
@@ -299,12 +298,10 @@ def _config(environ) -> dict[str, Any]:
 
 
 def _context(cfg):
-
     return make_context(dtypes=cfg["dtypes"], device=cfg["device"])
 
 
 def _open(text: str):
-
     return open_database(text, option=DATABASE_ENV)
 
 

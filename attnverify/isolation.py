@@ -32,7 +32,6 @@ from attnverify.shard import dtype_name, make_shard, unit_id
 
 
 def _load_failure(label: str, exc: BaseException):
-
     if isinstance(exc, WorkerFailed):
         message = f"loading the target {exc.reason}"
     elif getattr(exc, "remote_type", None) == "TargetImportFailed" or \

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 from attnverify.errors import UsageError
 from attnverify.shard import unit_id
-from attnverify.xfails import load_xfails
+from attnverify.xfails import check_entries, load_xfails
 
 #: Top-level keys every part of one run shares (they describe the run).
 SAME = ("schema_version", "attnverify_version", "torch_version", "device", "profile", "seed",
@@ -205,14 +206,10 @@ def run_merge_command(args) -> int:
     check_together(parts)
     data = merge_parts(parts)
     if xfails is not None:
-        from attnverify.xfails import check_entries
-
         check_entries(xfails, [f"{t['target']}::{r['property']}" for t in data["targets"]
                                for r in t["results"]])
     code = report.finish_certify(args, data, xfails)
     if data["missing_shards"]:
-        import sys
-
         print(f"merge: incomplete: shard{'s' if len(data['missing_shards']) > 1 else ''} "
               f"{', '.join(data['missing_shards'])} missing; their units are not_checked",
               file=sys.stderr)

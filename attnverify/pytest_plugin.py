@@ -96,8 +96,8 @@ def pytest_configure(config):
         if not _suite_in_args(config):
             config.args.append(str(SUITE))
     if option(config, "attention"):  # the attention suite (attnverify/attention/suite.py)
-        from attnverify.attention.suite import SUITE as ATTENTION_SUITE
-        from attnverify.attention.suite import validate
+        from attnverify.attention.suite import SUITE as ATTENTION_SUITE  # dispatch: see below
+        from attnverify.attention.suite import validate  # dispatch: a test module, collected
 
         validate(config)
         if str(ATTENTION_SUITE) not in map(str, config.args):

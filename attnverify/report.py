@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from attnverify.atomic import check_output_path, check_output_paths, write_text_atomic
+from attnverify.attention.coverage import describe as describe_attention
 from attnverify.certify import TargetResult
 from attnverify.checks.base import Context
 from attnverify.coverage import describe, describe_difference
@@ -232,8 +233,6 @@ def coverage_lines(target: dict[str, Any], *, per_property: bool = False) -> lis
         out.append(f"{said}: {target['certified_for']}")
     out.append(f"coverage: {describe(block)}")
     if block.get("attention"):
-        from attnverify.attention.coverage import describe as describe_attention
-
         out.append(f"attention coverage: {describe_attention(block['attention'])}")
     if per_property:
         for prop, diff in (block.get("properties") or {}).items():

@@ -29,7 +29,6 @@ from attnverify.serialize import NON_FINITE, decode_case, decode_tensor, read_ca
 
 
 def _params(data: dict[str, Any], text: str | None) -> dict[str, Any]:
-
     raw = data.get("params") or {}
     if not isinstance(raw, dict):
         raise UsageError("--case: \"params\" must be a JSON object")
@@ -152,7 +151,6 @@ def _property(target: str, spec, prop_id: str, case, ctx, steps=()) -> int:
 
 
 def _inequality(target: str, spec, text: str, data: dict[str, Any], params) -> int:
-
     from attnverify.falsify import FalsifyCase, evaluate
     from attnverify.quantities import QUANTITIES
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import secrets
 from dataclasses import dataclass
 from functools import cache
 
@@ -77,7 +78,6 @@ def _dtypes() -> dict:
 
 @cache
 def _run_context() -> type:
-
     from attnverify.checks.base import Context
 
     @dataclass(frozen=True)
@@ -197,8 +197,6 @@ def make_context(
         timeout_s = check_timeout(timeout)
     seed_source = "fixed"
     if isinstance(seed, str) and seed.strip().lower() == RANDOM_SEED:
-        import secrets
-
         seed, seed_source = secrets.randbits(64), "random"
     if max_length is not None:
         limits["max_length"] = check_max_length(max_length)

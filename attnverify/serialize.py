@@ -289,7 +289,6 @@ def repro_command(target: str, case: dict[str, Any], *, property: str | None = N
 
 
 def _write_case_file(text: str) -> Path:
-
     digest = hashlib.sha1(text.encode()).hexdigest()[:16]
     path = Path(tempfile.gettempdir()) / "attnverify-repro" / f"case-{digest}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

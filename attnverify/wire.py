@@ -198,7 +198,6 @@ def _memfd(size: int) -> int:
 
 
 def _seal(fd: int) -> None:
-
     seals = sum(getattr(fcntl, name, 0) for name in ("F_SEAL_SHRINK", "F_SEAL_GROW",
                                                       "F_SEAL_SEAL"))
     if seals and hasattr(fcntl, "F_ADD_SEALS"):
@@ -266,7 +265,6 @@ def _map(fd: int, size: int):
     not hold the descriptor; ``drop()`` frees the file's pages (``MADV_REMOVE``), ``None`` where
     that is not available."""
     try:
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,

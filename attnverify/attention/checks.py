@@ -95,7 +95,6 @@ def _modified(a, mask) -> bool:
 
 
 def _final_scores(a, q, k_full, mask, scale) -> torch.Tensor:
-
     s = scores_of(q, k_full, scale, score_mod=a.score_mod, mod_params=_mod_params(a))
     if isinstance(mask, torch.Tensor) and mask.dtype != torch.bool:
         s = s + mask.to(F64)

@@ -21,6 +21,8 @@ import math
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from attnverify.attention.mods import alibi_slopes
+
 NEG_INF = float("-inf")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: The lifting (``K = I``) needs ``d = L``; longer rows are checked through generated Q, K, V.
@@ -188,8 +190,6 @@ def flex(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
     kv_chunk = GQA_KV_HEADS if group > 1 else HEADS
     slopes = torch.zeros(b * heads, dtype=torch.float32, device=q.device)
     if mod == "alibi":
-        from attnverify.attention.mods import alibi_slopes
-
         slopes = alibi_slopes(heads, dtype=torch.float32, device=q.device).repeat(b)
     bias = _fold(_bias(attn_mask, is_causal, q, k, l_q, l_k))
     qf, bias, slopes = (_pad_group(t, group, bucket) for t in

@@ -39,7 +39,6 @@ def sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False)
 
 
 def _backend(name: str):
-
     return getattr(SDPBackend, name)
 
 
@@ -47,7 +46,6 @@ def sdpa_backend(backend: str):
     """SDPA restricted to one backend (``MATH``, ``FLASH_ATTENTION``, …)."""
 
     def run(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
-
         with sdpa_kernel([_backend(backend)]):
             return sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa)
 

@@ -40,7 +40,6 @@ def load_attention(target: str, params: Mapping[str, Any] | None = None) -> Atte
 
 
 def _resolve(target: str) -> AttentionSpec:
-
     table = builtins()
     if not target:
         raise TargetError("empty attention target: expected a built-in id, module:attr or "

@@ -54,7 +54,6 @@ def recheck(target: str, prop_id: str, recipe: dict, reference: str = "",
 
 
 def main(argv: list[str] | None = None) -> int:
-
     p = argparse.ArgumentParser(prog="python -m attnverify.attention.repro")
     p.add_argument("target")
     p.add_argument("property")

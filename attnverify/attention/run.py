@@ -18,7 +18,13 @@ from attnverify.attention.lift import lift
 from attnverify.attention.mods import EMPTIES_ROWS
 from attnverify.attention.properties import ATTENTION_PROPERTIES
 from attnverify.attention.spec import AttentionSpec
-from attnverify.certify import TargetResult, make_context, run_property, triton_execution
+from attnverify.certify import (
+    TargetResult,
+    make_context,
+    run_property,
+    side_effects,
+    triton_execution,
+)
 from attnverify.checks import LAST, PROPERTIES, properties_for
 from attnverify.checks.base import monitor_of
 from attnverify.errors import UsageError
@@ -72,7 +78,6 @@ def lifted_context(a: AttentionSpec, ctx):
 
 
 def _is_normalizer(name: str) -> bool:
-
     return name in builtins()
 
 
@@ -84,7 +89,6 @@ MOD_INDEPENDENT = ("shape", "finite", "deterministic", "no_mutation", "gradient"
 
 
 def _skip_reason(a: AttentionSpec, prop_id: str) -> str:
-
     if a.score_mod is not None and (prop_id not in MOD_INDEPENDENT or (
             prop_id == "finite" and a.score_mod in EMPTIES_ROWS)):
         return (f"the kernel applies the {a.score_mod} score modification; this property of "
@@ -125,8 +129,6 @@ def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=Non
         result.worker_pids = list(dict.fromkeys(monitor.pids))
         result.sandbox = list(dict.fromkeys(monitor.sandboxes))
         if getattr(ctx, "shard", None) is not None:
-            from attnverify.certify import side_effects
-
             result.side_effects = side_effects(monitor, dict(a.params))
     result.runtime = dict(getattr(a.fn, "runtime", None) or {})
     return result
@@ -173,7 +175,6 @@ def lifted_spec(a: AttentionSpec, claims: list[str] | None = None):
 
 
 def _lifted(a: AttentionSpec, chosen: list[str]):
-
     spec = lift(a).with_claims([c for c in chosen if c in PROPERTIES])
     if a.reference and ":" not in a.reference and _is_normalizer(a.reference):
         spec = spec.with_reference(a.reference)  # the lifted weights vs that normalizer's

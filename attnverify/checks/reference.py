@@ -43,7 +43,7 @@ from attnverify.checks.base import (
 )
 from attnverify.checks.layout import case_weights
 from attnverify.normalizers import reference as formulas
-from attnverify.normalizers.reference import REFERENCES
+from attnverify.normalizers.reference import REFERENCES, from_kernel
 from attnverify.registry import load_target
 from attnverify.spec import NormalizerSpec, normalizer_spec
 
@@ -61,8 +61,6 @@ def reference_spec(spec: NormalizerSpec) -> NormalizerSpec | None:
     """The reference of ``spec`` as a spec (see the module docstring), or ``None``."""
     ref = spec.reference
     if ref is None and spec.kernel is not None:
-        from attnverify.normalizers.reference import from_kernel
-
         fn = from_kernel(spec.kernel)
         return normalizer_spec(fn, id=fn.__name__, params={"temperature": 1.0}, claims=(),
                                space="any")

@@ -270,7 +270,6 @@ def _bar_factory(config: cfg.RunConfig):
 
 
 def _finish(config, meta, results, text, weightings, failed, variants=None) -> dict:
-
     out = Path(config.out)
     document = {
         "schema_version": 1,
@@ -358,7 +357,6 @@ def _display_path(path: Path) -> str:
 
 
 def _environment(config) -> dict:
-
     try:
         import transformers
 
