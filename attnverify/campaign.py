@@ -45,8 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from attnverify.errors import UsageError
 from attnverify.exampledb import ResilientDatabase, database_key, describe
+from attnverify.falsify_search import F64, FalsifyCase
 from attnverify.runconfig import check_workers  # noqa: F401 - kept as campaign.check_workers
 
 #: Stored witnesses replayed at the start of a search (fewest keys first).
@@ -139,9 +142,6 @@ def decode(value: bytes, search) -> tuple[Any, float] | None:
     """``(case, stored margin)`` of an entry this search can replay, else None: a malformed
     entry, a row longer than the search's longest, or a temperature the search would not use.
     (The stored margin orders the near cases; an entry without one comes last.)"""
-    import torch
-
-    from attnverify.falsify_search import F64, FalsifyCase
 
     try:
         entry = json.loads(value.decode("utf-8")) if len(value) < 4 * 2**20 else None
@@ -193,7 +193,6 @@ def replay_cases(shared: Shared, search) -> list:
     """The cases the replay phase evaluates, in order: stored witnesses (fewest unmasked keys,
     then shortest, then by their bytes: the same order in every process), then near cases
     (highest stored margin first)."""
-    import torch
 
     def live(case) -> int:
         return int(torch.isfinite(case.scores).sum())

@@ -20,6 +20,7 @@ from attnverify import bounds
 from attnverify.certify import make_context, run_property
 from attnverify.checks import PROPERTIES
 from attnverify.checks.base import Context
+from attnverify.falsify import falsify, repro
 from attnverify.registry import load_target
 from attnverify.report import check_outputs, write_atomic, write_json
 from attnverify.serialize import jsonable
@@ -74,7 +75,6 @@ def _property_row(row: ClaimRow, prop_id: str, target: str, ctx: Context) -> Cla
 def _falsify_row(row: ClaimRow, inequality: str, target: str, ctx: Context) -> ClaimRow:
     """A row checked by the falsifier: minimal witness (shortest row, largest ratio) and the
     worst ratio over the whole search."""
-    from attnverify.falsify import falsify
 
     res = falsify(load_target(target), inequality, ctx)
     row.worst_ratio = res.worst.ratio if res.worst else None
@@ -83,7 +83,6 @@ def _falsify_row(row: ClaimRow, inequality: str, target: str, ctx: Context) -> C
     if res.witness is None:
         row.verdict = "holds"
         return row
-    from attnverify.falsify import repro
 
     w = res.witness
     row.verdict = "falsified"

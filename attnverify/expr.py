@@ -29,6 +29,7 @@ import torch
 
 from attnverify import intervals as I
 from attnverify.errors import UsageError
+from attnverify.quantities import QUANTITIES
 
 FUNCTIONS: dict[str, tuple[Callable[..., torch.Tensor], int]] = {
     "exp": (torch.exp, 1),
@@ -629,8 +630,6 @@ def parse_inequality(text: str, known: Iterable[str] | None = None) -> Inequalit
     ``known`` are the allowed quantity names; default: :data:`attnverify.quantities.QUANTITIES`.
     """
     if known is None:
-        from attnverify.quantities import QUANTITIES
-
         known = QUANTITIES
     parser = _Parser(text, known)
     left = parser.expr()

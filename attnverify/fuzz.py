@@ -31,16 +31,33 @@ from collections.abc import Iterable
 from typing import Any
 
 import hypothesis
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
 from hypothesis.internal.reflection import function_digest
 
-from attnverify import campaign
+from attnverify import campaign, remote
+from attnverify.certify import (
+    WorkerStopped,
+    _State,
+    database_key_of,
+    fix_reference,
+    fix_temperature,
+    plan,
+    search_test,
+    unit_contexts,
+)
 from attnverify.errors import UsageError, WorkerFailed
 from attnverify.exampledb import database_key, open_database
+from attnverify.expr import parse_inequality
+from attnverify.falsify import make_search
+from attnverify.falsify_search import Budget, _Crossed, merit, stratum_cases
+from attnverify.isolation import close
+from attnverify.quantities import QUANTITIES
 from attnverify.registry import parse_params
 from attnverify.runconfig import hypothesis_settings, make_context
+from attnverify.serialize import dtype_name
 
 TARGET_ENV = "ATTNVERIFY_FUZZ_TARGET"
 DATABASE_ENV = "ATTNVERIFY_FUZZ_DATABASE"
@@ -164,14 +181,12 @@ class UnitKeys(ExampleDatabase):
 def units(prop, spec, ctx) -> list:
     """The contexts of ``prop``'s units as ``certify`` runs them: one per dtype its cases take
     where the run is split by dtype (``Context.unit_dtype``), else the run's context."""
-    from attnverify.certify import unit_contexts
 
     return [unit_ctx for _, unit_ctx in unit_contexts(prop, spec, ctx)]
 
 
 def unit_name(prop, ctx) -> str:
     """The test's name: ``test_<property>__<dtypes>``."""
-    from attnverify.serialize import dtype_name
 
     unit = getattr(ctx, "unit_dtype", None)
     dtypes = (unit,) if unit is not None else ctx.dtypes
@@ -192,8 +207,6 @@ def certify_test(prop, spec, ctx, database: UnitKeys, *, label: str = ""):
     is a :class:`WorkerStopped` failure; a property that does not apply is skipped with its
     reason."""
     import pytest
-
-    from attnverify.certify import _State, database_key_of, search_test
 
     state = _State()
     state.coverage = _Uncounted()
@@ -226,9 +239,6 @@ def certify_tests(environ=None) -> dict[str, Any]:
     (each test reopens its target on first use, in whatever process runs it)."""
     environ = os.environ if environ is None else environ
     cfg = _config(environ)
-    from attnverify import remote
-    from attnverify.certify import fix_reference, fix_temperature, plan
-    from attnverify.isolation import close
 
     params = _named("ATTNVERIFY_FUZZ_PARAMS", parse_params, cfg["params"])
     ctx = _context(cfg)
@@ -318,8 +328,6 @@ def _threads(ctx) -> None:
     """One intra-op thread for the checks while the target runs in its worker (see
     :func:`attnverify.certify.checker_threads`; a campaign's process does nothing else)."""
     if getattr(ctx, "isolation", True):
-        import torch
-
         torch.set_num_threads(1)
 
 
@@ -372,16 +380,12 @@ def falsify_test(search, record, database: UnitKeys, *, label: str, witness_key:
     :class:`Falsified` failure, and (fewest keys so far in this process first) a witness under
     falsify's witness key, which ``falsify --database`` replays before it searches."""
 
-    from attnverify.falsify_search import _Crossed, merit, stratum_cases
-
     smallest: list[tuple[int, int]] = []
 
     def probe(case) -> None:
         try:
             score = merit(search.evaluate(case))
         except WorkerFailed as exc:
-            from attnverify.certify import WorkerStopped
-
             raise WorkerStopped(f"the normalizer {exc.reason}") from None
         except _Crossed:
             ev = search.witness
@@ -421,13 +425,6 @@ def falsify_tests(environ=None) -> dict[str, Any]:
     if len(cfg["targets"]) != 1:
         raise UsageError(f"{TARGET_ENV}: falsify's strata take one target, got "
                          f"{len(cfg['targets'])}")
-    from attnverify import campaign, remote
-    from attnverify.certify import fix_temperature
-    from attnverify.expr import parse_inequality
-    from attnverify.falsify import make_search
-    from attnverify.falsify_search import Budget
-    from attnverify.isolation import close
-    from attnverify.quantities import QUANTITIES
 
     (target,) = cfg["targets"]
     params = _named("ATTNVERIFY_FUZZ_PARAMS", parse_params, cfg["params"])

@@ -21,10 +21,19 @@ from typing import Any
 
 import torch
 
+from attnverify import remote, sequence
+from attnverify.attention.run import lifted_spec
+from attnverify.certify import refusal_text
+from attnverify.checks import PROPERTIES
+from attnverify.checks.base import NormalizerError, Violation, monitor_of, positive_temperature
+from attnverify.checks.cases import CASE_TYPES
 from attnverify.errors import UsageError, WorkerFailed
 from attnverify.expr import parse_inequality
+from attnverify.falsify import FalsifyCase, evaluate
+from attnverify.quantities import QUANTITIES
 from attnverify.registry import load_target, parse_params
 from attnverify.runconfig import PROFILES, make_context
+from attnverify.sequence import attention_case, property_of
 from attnverify.serialize import NON_FINITE, decode_case, decode_tensor, read_case
 
 
@@ -38,9 +47,6 @@ def _params(data: dict[str, Any], text: str | None) -> dict[str, Any]:
 
 
 def run_repro_command(args) -> int:
-    from attnverify import remote
-    from attnverify.checks.base import positive_temperature
-
     if (args.property is None) == (args.inequality is None):
         raise UsageError("repro needs exactly one of --property ID or --inequality \"LHS <= RHS\"")
     attention = bool(getattr(args, "attention", False))
@@ -79,9 +85,6 @@ def run_repro_command(args) -> int:
 
 
 def _property_id(prop_id: str, attention: bool = False) -> None:
-    from attnverify.checks import PROPERTIES
-    from attnverify.sequence import property_of
-
     if (property_of(prop_id) if attention else PROPERTIES.get(prop_id)) is None:
         raise UsageError(f"unknown property id {prop_id!r}: run 'attnverify properties' for "
                          "the list")
@@ -90,8 +93,6 @@ def _property_id(prop_id: str, attention: bool = False) -> None:
 def _case(data: dict[str, Any], prop_id: str, attention: bool):
     """The case to re-check, decoded before any worker starts: an attention case
     (``"case": "AttnCase"``) from its recipe, any other from its fields."""
-    from attnverify.checks.cases import CASE_TYPES
-    from attnverify.sequence import attention_case
 
     if attention and data.get("case") == "AttnCase":
         if not isinstance(data.get("recipe"), dict):
@@ -104,9 +105,6 @@ def attention_spec(target: str, params: dict[str, Any], ctx, reference: str | No
     """The attention kernel ``target`` in a worker of its own, lifted to a normalizer as
     certify --attention checks it (both kinds of property take it)."""
 
-    from attnverify import remote
-    from attnverify.attention.run import lifted_spec
-
     a = remote.open_attention(target, params or None, ctx)
     if reference:
         a = dataclasses.replace(a, reference=reference.strip(), reference_by="option")
@@ -116,17 +114,11 @@ def attention_spec(target: str, params: dict[str, Any], ctx, reference: str | No
 def _sequence(data: dict[str, Any]) -> list:
     """The earlier calls the case needs (``"sequence"``, :mod:`attnverify.sequence`), checked
     before any worker starts."""
-    from attnverify import sequence
-    from attnverify.checks.cases import CASE_TYPES
 
     return sequence.decode(data.get("sequence"), CASE_TYPES)
 
 
 def _property(target: str, spec, prop_id: str, case, ctx, steps=()) -> int:
-    from attnverify import sequence
-    from attnverify.certify import refusal_text
-    from attnverify.checks.base import NormalizerError, Violation, monitor_of
-
     label = f"{target}::{prop_id}"
     if steps:  # in this one worker, started for this repro: the state the case needs
         names = ", ".join(dict.fromkeys(s.property for s in steps))
@@ -151,9 +143,6 @@ def _property(target: str, spec, prop_id: str, case, ctx, steps=()) -> int:
 
 
 def _inequality(target: str, spec, text: str, data: dict[str, Any], params) -> int:
-    from attnverify.falsify import FalsifyCase, evaluate
-    from attnverify.quantities import QUANTITIES
-
     ineq = parse_inequality(text, QUANTITIES)
     if "scores" not in data:
         raise UsageError("--case: no \"scores\"")

@@ -13,18 +13,18 @@ import argparse
 import json
 import sys
 
+from attnverify import remote
+from attnverify.attention import cases
+from attnverify.attention.properties import ATTENTION_PROPERTIES
+from attnverify.certify import make_context
+from attnverify.checks.base import NormalizerError, Violation
 from attnverify.errors import UsageError, WorkerFailed
+from attnverify.repro import attention_spec
 from attnverify.runconfig import PROFILES
 
 
 def recheck(target: str, prop_id: str, recipe: dict, reference: str = "",
             params: dict | None = None) -> int:
-    from attnverify import remote
-    from attnverify.attention import cases
-    from attnverify.attention.properties import ATTENTION_PROPERTIES
-    from attnverify.certify import make_context
-    from attnverify.checks.base import NormalizerError, Violation
-    from attnverify.repro import attention_spec
 
     if prop_id not in ATTENTION_PROPERTIES:
         known = ", ".join(ATTENTION_PROPERTIES)

@@ -17,6 +17,17 @@ from pathlib import Path
 
 import pytest
 
+from attnverify import remote, report
+from attnverify.attention.command import split
+from attnverify.attention.run import (
+    _lifted,
+    kernel_record,
+    property_plan,
+    resolve_claims,
+    run_one,
+    units_of,
+)
+from attnverify.certify import TargetResult, make_context
 from attnverify.errors import UsageError, WorkerFailed
 from attnverify.registry import parse_params
 from attnverify.shard import check_options, make_shard
@@ -48,11 +59,6 @@ def _key(config) -> tuple:
 def plan(key: tuple):
     """``(ctx, [(target, AttentionSpec, claims, property id, context)])`` for the options."""
 
-    from attnverify import remote
-    from attnverify.attention.command import split
-    from attnverify.attention.run import _lifted, property_plan, resolve_claims
-    from attnverify.certify import make_context
-
     (targets, claims, params, profile, seed, max_examples, dtypes, device, reference, timeout,
      shard) = key
     ctx = make_context(profile, dtypes=dtypes, device=device or "cpu",
@@ -76,8 +82,6 @@ def plan(key: tuple):
 
 def _with_shard(ctx, out, text, chosen):
     """``--attnverify-shard K/N``: the partition ``certify --attention … --shard K/N`` makes."""
-
-    from attnverify.attention.run import units_of
 
     shard = check_options(text, ctx, option="--attnverify-shard")
     if shard is None:
@@ -108,8 +112,6 @@ def _certificate(request):
     paths = {n: _option(config, n) for n in ("json", "markdown")}
     if not _RESULTS or _option(config, "target") or not any(paths.values()):
         return
-    from attnverify import report
-    from attnverify.certify import TargetResult
 
     ctx, _ = plan(_key(config))
     targets: dict[str, TargetResult] = {}
@@ -126,7 +128,6 @@ def _certificate(request):
 
 def test_attention_property(attnverify_attention_case):
     """One property of one attention kernel, as ``certify --attention`` runs it."""
-    from attnverify.attention.run import kernel_record, run_one
 
     name, a, claims, prop_id, ctx = attnverify_attention_case
     res = run_one(a, claims, prop_id, ctx, label=name)
