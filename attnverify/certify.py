@@ -31,7 +31,7 @@ from attnverify.checks.base import (
     positive_temperature,
 )
 from attnverify.checks.layout import space_of
-from attnverify.checks.reference import reference_label
+from attnverify.checks.reference import reference_label, reference_owner
 from attnverify.checks.shrink import Hung, shrink
 from attnverify.checks.universal import event_case
 from attnverify.coverage import Coverage, certified_for, target_block
@@ -295,7 +295,6 @@ def certify_target(
     if cap:
         ctx = dataclasses.replace(ctx, max_rows=cap["rows"])
     spec, props = plan(spec, claims, ctx)
-    from attnverify.checks.reference import reference_label, reference_owner
 
     result = TargetResult(target=label or spec.id, claims=list(spec.claims),
                           params=dict(spec.params), reference=reference_label(spec),
@@ -664,7 +663,6 @@ def database_key_of(prop: Property, spec: NormalizerSpec, ctx: Context) -> bytes
     string, its parameters, the property and the dtypes the cases take (the unit's one, else the
     run's), with attnverify's version (:func:`attnverify.exampledb.database_key`). ``certify
     --database`` and :mod:`attnverify.fuzz` file and replay examples under it."""
-    from attnverify.serialize import dtype_name
 
     unit = getattr(ctx, "unit_dtype", None)
     dtypes = ",".join(dtype_name(d) for d in ((unit,) if unit is not None else ctx.dtypes))

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+import attnverify
 from attnverify import bounds
 from attnverify.certify import make_context, run_property
 from attnverify.checks import PROPERTIES
@@ -301,8 +302,6 @@ def table_markdown(rows: list[ClaimRow]) -> str:
 
 
 def run_claims_command(args) -> int:
-    from attnverify import __version__
-
     ctx = make_context(args.profile, seed=args.seed)
     check_outputs(json=args.json_path, markdown=args.markdown_path)  # also: not the same file
     rows = audit(ctx)
@@ -317,7 +316,8 @@ def run_claims_command(args) -> int:
     else:
         print(f"all {len(rows)} verdicts match docs/THEORY.md §7")
     if args.json_path:
-        write_json(args.json_path, {"schema_version": 1, "attnverify_version": __version__,
+        write_json(args.json_path, {"schema_version": 1,
+                                    "attnverify_version": attnverify.__version__,
                                     "profile": ctx.profile, "seed": ctx.seed,
                                     "claims": [r.to_json() for r in rows]})
     if args.markdown_path:

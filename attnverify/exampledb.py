@@ -30,6 +30,7 @@ from hypothesis.database import (
     InMemoryExampleDatabase,
 )
 
+import attnverify
 from attnverify.errors import UsageError
 
 __all__ = ["REDIS_TIMEOUT_S", "ResilientDatabase", "database_key", "describe", "open_database"]
@@ -177,9 +178,8 @@ def database_key(kind: str, *parts: object) -> bytes:
     """The key of entries of ``kind`` for ``parts`` (target, normalized expression, parameters,
     …), with attnverify's version: ``b"attnverify/<kind>/<digest>"``, the same on every machine
     and process for the same parts."""
-    from attnverify import __version__
 
-    text = "\x00".join(["attnverify-example-db-1", __version__, kind, *map(str, parts)])
+    text = "\x00".join(["attnverify-example-db-1", attnverify.__version__, kind, *map(str, parts)])
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:40]
     return f"attnverify/{kind}/{digest}".encode()
 

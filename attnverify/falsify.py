@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+import attnverify
 from attnverify import campaign, precise
 from attnverify.campaign import sharing, summary_lines
 from attnverify.certify import fix_temperature, make_context
@@ -407,11 +408,9 @@ def notes(res: FalsifyResult) -> list[str]:
 
 
 def result_json(res: FalsifyResult, ctx: Context) -> dict[str, Any]:
-    from attnverify import __version__
-
     return {
         "schema_version": 1,
-        "attnverify_version": __version__,
+        "attnverify_version": attnverify.__version__,
         "torch_version": torch.__version__,
         "target": res.target,
         "inequality": res.inequality.text,

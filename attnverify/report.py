@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+import attnverify
 from attnverify.atomic import check_output_path, check_output_paths, write_text_atomic
 from attnverify.attention.coverage import describe as describe_attention
 from attnverify.certify import TargetResult
@@ -32,14 +33,12 @@ SCHEMA_VERSION = 1
 
 
 def certificate(targets: Iterable[TargetResult], ctx: Context) -> dict[str, Any]:
-    from attnverify import __version__
-
     targets = list(targets)
     shard = getattr(ctx, "shard", None)  # certify --shard K/N: a partial certificate
     isolated = bool(getattr(ctx, "isolation", False))
     return {
         "schema_version": SCHEMA_VERSION,
-        "attnverify_version": __version__,
+        "attnverify_version": attnverify.__version__,
         "torch_version": torch.__version__,
         "device": ctx.device,
         "profile": ctx.profile,

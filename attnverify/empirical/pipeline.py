@@ -20,7 +20,7 @@ import torch
 
 import attnverify
 from attnverify.empirical import config as cfg
-from attnverify.empirical import targets
+from attnverify.empirical import models, targets
 from attnverify.empirical.comparison import paper_comparison
 from attnverify.empirical.experiments import NEEDS_MODEL, RUNNERS, Context
 from attnverify.empirical.extraction import extract
@@ -165,11 +165,9 @@ def _prepare(config, store, text, weightings, needs_model, pending, variants=Fal
 
 
 def _extract(config: cfg.RunConfig, text: Text):
-    from attnverify.empirical.models import load_model
-
     t0 = time.perf_counter()
     with _quiet_loading(not config.progress):
-        loaded = load_model(config.model, config.seed, config.allow_download)
+        loaded = models.load_model(config.model, config.seed, config.allow_download)
     loaded.model.to(config.device)
     t1 = time.perf_counter()
     max_length = config.max_length or min(DEFAULT_LENGTH, loaded.context)
