@@ -11,6 +11,7 @@ worker's entry point only, so that :mod:`attnverify.campaign` stays below :mod:`
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -37,8 +38,6 @@ def _die_with_parent(parent: int) -> None:
     """SIGKILL this worker when its parent dies (Linux; elsewhere the closed stdin stops it),
     and exit now if it died already."""
     if sys.platform.startswith("linux"):
-        import ctypes
-
         try:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PDEATHSIG
         except (OSError, AttributeError):

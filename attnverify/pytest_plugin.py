@@ -129,8 +129,6 @@ def _suite_in_args(config) -> bool:
 def _suite_ids() -> dict[Path, str]:
     """The suites the plugin brings, each with the path its test ids start with when pytest
     runs outside the tree that holds it (``attnverify/properties/test_properties.py::…``)."""
-    import attnverify  # the attention suite's path without importing it (and torch)
-
     attention = Path(attnverify.__file__).resolve().parent / "attention" / "suite.py"
     return {SUITE.resolve(): "attnverify/properties/test_properties.py",
             attention: "attnverify/attention/suite.py"}

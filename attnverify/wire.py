@@ -32,6 +32,7 @@ import select
 import socket
 import struct
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -188,8 +189,7 @@ def _memfd(size: int) -> int:
         os.ftruncate(fd, size)
         _seal(fd)
         return fd
-    import tempfile  # no memfd (not Linux): an unlinked temporary file
-
+    # no memfd (not Linux): an unlinked temporary file
     fd, path = tempfile.mkstemp(prefix="attnverify-arena-")
     os.unlink(path)
     os.set_inheritable(fd, False)

@@ -37,20 +37,31 @@ worker leaves behind is reparented to it and killed.
 
 from __future__ import annotations
 
+import bisect
+import builtins
 import collections
+import dataclasses
 import gc
+import hashlib
 import inspect
 import itertools
 import operator
 import os
+import select
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
+import traceback
 import warnings
 from typing import Any
 
-from attnverify import triton_runtime, wire
+from attnverify import sandbox, settings, triton_runtime, wire
+from attnverify.errors import TargetImportFailed, UsageError, check_not_shadowed
+from attnverify.registry import load_target
+from attnverify.spec import NormalizerSpec, normalizer_spec
 
 #: Distinct warnings of the target's calls a worker reports over its life.
 MAX_WARNINGS = 20
@@ -89,7 +100,6 @@ def user_traceback(exc: BaseException) -> list[str]:
     frames of attnverify itself (and of the import machinery) left out: the user's own frames
     and whatever they called; ``[]`` when no frame is left. The last lines only, each made
     printable (a control character becomes a space) and cut short."""
-    import traceback
 
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if not os.path.abspath(f.filename).startswith(_ATTNVERIFY_DIR)
@@ -256,8 +266,6 @@ class _RngState:
         return isinstance(other, _RngState) and torch.equal(self.state, other.state)
 
     def __str__(self) -> str:
-        import hashlib
-
         return f"state {hashlib.sha1(self.state.numpy().tobytes()).hexdigest()[:8]}"
 
 
@@ -266,7 +274,6 @@ def _namespaces():
     modules a normalizer or attention kernel is written with, ``torch.Tensor`` and its base,
     and ``builtins``. ``[(label, owner, {name: object})]``, public names (no ``_`` prefix) as
     they are now; names added later are not changes."""
-    import builtins
 
     import torch
     import torch.func
@@ -518,14 +525,11 @@ class Server:
         if kind not in ("normalizer", "attention") or not isinstance(target, str) or \
                 not isinstance(params, dict):
             raise wire.ProtocolError("a load request without kind, target or params")
-        from attnverify.errors import check_not_shadowed
 
         check_not_shadowed()  # a folder named attnverify in place of the package: exit 2
         triton = triton_runtime.prepare()  # before the target's import: it decides jit's kind
         before = set(sys.modules)
         if kind == "normalizer":
-            from attnverify.registry import load_target
-
             self.spec = load_target(target, params)
         else:
             from attnverify.attention.loader import load_attention
@@ -536,8 +540,6 @@ class Server:
         return self.describe()
 
     def describe(self) -> dict:
-        import dataclasses
-
         spec, out = self.spec, {"kind": self.kind}
         for f in dataclasses.fields(spec):
             if f.name in ("fn", "kernel", "reference", "param_checks"):
@@ -563,7 +565,6 @@ class Server:
         (in the checker), or the target's own (here, in the worker)."""
         from attnverify.normalizers import BUILTINS
         from attnverify.normalizers.reference import REFERENCES
-        from attnverify.spec import NormalizerSpec, normalizer_spec
 
         spec = self.spec
         ref = spec.reference
@@ -578,8 +579,6 @@ class Server:
             if ref is builtin or ref is builtin.fn:
                 return {"kind": "builtin", "name": name}
         if isinstance(ref, str):
-            from attnverify.registry import load_target
-
             resolved = load_target(ref)
         elif isinstance(ref, NormalizerSpec):
             resolved = ref
@@ -736,7 +735,6 @@ class Server:
         return out, [tensors[i] for i in wrt]
 
     def _vjp(self, fn, args, kwargs, tensors, message, effects):
-
         out, wrt = self._graph(fn, args, kwargs, tensors, message, effects)
         cotangent = tensors[_index(message.get("cotangent"), len(tensors))]
         create = bool(message.get("create_graph", False))
@@ -847,8 +845,6 @@ class _Recent:
         self.starts: list = []  # sorted (device type, device index, start, end)
 
     def append(self, group) -> None:
-        import bisect
-
         ranges = [r for r in (_storage_range(t) for t in group) if r is not None]
         size = sum(r[3] - r[2] for r in ranges)
         self.groups.append((group, size, ranges))
@@ -864,8 +860,6 @@ class _Recent:
                     del self.starts[i]
 
     def overlaps(self, r) -> bool:
-        import bisect
-
         if r is None:
             return False
         i = bisect.bisect_right(self.starts, (r[0], r[1], r[2], float("inf")))
@@ -990,7 +984,6 @@ def _signature(fn, params: dict | None = None) -> dict:
     """What ``fn`` takes by keyword beside ``scores`` and ``dim`` (``accepts``, ``var_keywords``)
     and, in ``contract``, why the call :data:`CONTRACT` with ``params`` cannot bind to it (``""``:
     it can, or ``fn`` has no signature to read, as functions written in C: not judged here)."""
-    import inspect
 
     try:
         sig = inspect.signature(fn)
@@ -1072,7 +1065,6 @@ def serve(sock: socket.socket) -> None:
 def _is_usage(exc: BaseException) -> bool:
     """Bad input (a target that cannot be found, a bad parameter), not the target's own code
     raising at import (:class:`~attnverify.errors.TargetImportFailed`: a failure of that target)."""
-    from attnverify.errors import TargetImportFailed, UsageError
 
     return isinstance(exc, UsageError) and not isinstance(exc, TargetImportFailed)
 
@@ -1149,7 +1141,6 @@ def zygote_main(ctrl_fd: int) -> None:
     workers: dict[int, int | None] = {}
     scratches.clear()
     wire.send(ctrl, {"ok": True, "pid": os.getpid()})
-    import select
 
     while True:
         _reap(workers)
@@ -1289,7 +1280,6 @@ scratches: dict[int, str] = {}
 
 def _scratch_dir() -> str:
     """A new private temporary directory for the next worker (``""`` where none can be made)."""
-    import tempfile
 
     try:
         return tempfile.mkdtemp(prefix="attnverify-worker-")
@@ -1300,15 +1290,12 @@ def _scratch_dir() -> str:
 def _drop_scratch(pid: int) -> None:
     path = scratches.pop(pid, "")
     if path:
-        import shutil
-
         shutil.rmtree(path, ignore_errors=True)
 
 
 def _read_status(fd: int, wait: float = 30.0) -> str:
     """What the new worker wrote of its sandbox before it loaded anything (a short phrase), read
     to the end of the pipe; the zygote passes it on with the fork's answer."""
-    import select
 
     data, deadline = b"", time.monotonic() + wait
     try:
@@ -1363,7 +1350,6 @@ def _become_worker(chan_fd: int, message: dict, ctrl_fd: int, scratch: str = "",
         os.closerange(chan_fd + 1, top)
         if message.get("memory_limit"):
             _limit_memory()
-        from attnverify import settings
 
         settings.reload()
         serve(socket.socket(fileno=chan_fd))
@@ -1378,9 +1364,6 @@ def _sandbox(wanted: bool, scratch: str) -> str:
         return "off: ATTNVERIFY_SANDBOX=0"
     if not scratch:
         return "none: no private temporary directory could be made"
-    import tempfile
-
-    from attnverify import sandbox
 
     sandbox.private_caches(os.environ, scratch)
     allowed = sandbox.user_writable(os.environ)
