@@ -104,10 +104,10 @@ def _open_redis(text: str, option: str) -> ExampleDatabase:
     if db > MAX_REDIS_DB:
         raise UsageError(f"{option}: Redis database number {db} is out of range in {shown!r}")
     try:
-        import redis
-        from hypothesis.extra.redis import RedisExampleDatabase
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
+        import redis  # optional dependency (fuzz extra)
+        from hypothesis.extra.redis import RedisExampleDatabase  # optional dependency (fuzz extra)
+        from redis.backoff import NoBackoff  # optional dependency (fuzz extra)
+        from redis.retry import Retry  # optional dependency (fuzz extra)
     except ImportError:
         raise UsageError(f"{option} {shown}: the redis package is not installed "
                          "(pip install 'attnverify[fuzz]')") from None
@@ -189,7 +189,7 @@ def _lost_errors() -> tuple[type[BaseException], ...]:
     errors where the redis package is installed."""
     errors: list[type[BaseException]] = [OSError, EOFError]
     try:
-        import redis
+        import redis  # optional dependency (fuzz extra)
     except ImportError:
         pass
     else:

@@ -948,7 +948,7 @@ def run_polish(search: Search) -> None:
     the boundary between the best case and the nearest with another count is bisected
     (:func:`_bisect_boundary`): a bound on a piecewise-constant quantity is tightest where the
     piece changes, often in a band narrower than any simplex step."""
-    from scipy.optimize import minimize
+    from scipy.optimize import minimize  # heavy: scipy.optimize, only the polish
 
     starts = polish_starts(search)
     counts = sorted(search.ineq.names & DISCRETE)

@@ -56,12 +56,12 @@ def worker_main(job: dict) -> int:
     out: dict[str, Any] = {"worker": job["worker"]}
     try:
         # torch, Hypothesis and the search load after the stop pipe is watched
-        from attnverify.campaign import Shared
-        from attnverify.certify import fix_temperature
-        from attnverify.exampledb import open_database
-        from attnverify.falsify import result_json, run_search, summary
-        from attnverify.isolation import falsify_isolated
-        from attnverify.runconfig import make_context
+        from attnverify.campaign import Shared  # worker: see above
+        from attnverify.certify import fix_temperature  # worker: see above
+        from attnverify.exampledb import open_database  # worker: see above
+        from attnverify.falsify import result_json, run_search, summary  # worker: see above
+        from attnverify.isolation import falsify_isolated  # worker: see above
+        from attnverify.runconfig import make_context  # worker: see above
 
         ctx = make_context(job["profile"], max_examples=job["max_examples"], seed=job["seed"],
                            timeout=job["timeout"], isolation=False if job["no_isolation"] else None,

@@ -206,7 +206,7 @@ def certify_test(prop, spec, ctx, database: UnitKeys, *, label: str = ""):
     draws afresh), filed under :func:`attnverify.certify.database_key_of`. A worker that fails
     is a :class:`WorkerStopped` failure; a property that does not apply is skipped with its
     reason."""
-    import pytest
+    import pytest  # optional dependency (test extra)
 
     state = _State()
     state.coverage = _Uncounted()
@@ -338,7 +338,7 @@ def entry_tests(environ=None) -> dict[str, Any]:
     target is set.
     A usage error (a bad variable, a target that does not load) is a collection error naming
     the variable."""
-    import pytest
+    import pytest  # optional dependency (test extra)
 
     environ = os.environ if environ is None else environ
     if not _env(TARGET_ENV, environ):

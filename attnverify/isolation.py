@@ -116,7 +116,7 @@ def certify_all(targets: list[str], params: dict, claims, ctx, *, progress=None,
 def falsify_isolated(target: str, params: dict, text: str, ctx):
     """``falsify`` on ``target`` behind the boundary: its result, or ``(message, case or None)``
     when the code under test stopped the search (it died, hung or raised while loading)."""
-    from attnverify.falsify import falsify
+    from attnverify.falsify import falsify  # heavy: the search (mpmath), only falsify
 
     try:
         spec = remote.open_normalizer(target, params, ctx)

@@ -101,6 +101,7 @@ def merge_parts(parts: list[tuple[str, dict]]) -> dict[str, Any]:
     """The merged certificate of ``parts`` (``[(path, data)]``, already :func:`check_together`):
     the unsharded run's certificate, with ``merged_from`` (each part's shard, machine and checker
     pid) and ``missing_shards`` (the shards not given)."""
+    # torch-free: on the parser's path (jobs imports merge)
     from attnverify.certify import PropertyResult, TargetResult, combine
 
     first = parts[0][1]
@@ -166,6 +167,7 @@ def _effects_seen_elsewhere(target, parts, index: int, count: int, seed) -> None
     shard's calls: a side effect any shard's worker reported (``side_effects`` of its part)
     fails the merged property even where its own units held."""
 
+    # torch-free: on the parser's path (jobs imports merge)
     from attnverify.serialize import repro_command
 
     result = next((r for r in target.results if r.property == "no_side_effects"), None)
@@ -198,7 +200,7 @@ def run_merge_command(args) -> int:
     """``attnverify merge``: exit 0 when every merged target is certified (or not applicable
     here), 1 when a claimed property failed (after ``--xfails``) or a shard is missing, 2 on
     parts that do not belong together (nothing is written)."""
-    from attnverify import report
+    from attnverify import report  # torch-free: on the parser's path (jobs imports merge)
 
     report.check_outputs(json=args.json_path, markdown=args.markdown_path)
     xfails = load_xfails(args.xfails) if args.xfails else None

@@ -107,6 +107,7 @@ def pytest_configure(config):
 def _validate(config, target: str) -> None:
     """Bad targets, parameters or claims stop pytest with a one-line usage error (exit 4). The
     targets load in worker processes (the suite's own loading, cached for this process)."""
+    # torch-free: loaded in every pytest run
     from attnverify.properties.test_properties import _key, _load
 
     try:
@@ -167,7 +168,9 @@ def pytest_sessionfinish(session, exitstatus):
     json_path, md_path = option(config, "json"), option(config, "markdown")
     if not (json_path or md_path) or not _COLLECTED:
         return
-    from attnverify import remote, report
+    from attnverify import remote, report  # torch-free: loaded in every pytest run
+
+    # torch-free: loaded in every pytest run
     from attnverify.properties.test_properties import certificate_from_records
 
     remote.shutdown()  # no process of the code under test outlives the run's results

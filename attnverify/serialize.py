@@ -219,7 +219,7 @@ def _decode_field(name: str, value: Any, data: dict[str, Any]) -> Any:
 
 def _layout(value: Any, data: dict[str, Any]):
     """The case's layout, checked against its scores (a usage error naming what is wrong)."""
-    from attnverify.strategies.layouts import Layout
+    from attnverify.strategies.layouts import Layout  # heavy: Hypothesis, only a layout
 
     try:
         layout = Layout.from_json(value)

@@ -367,7 +367,7 @@ def dtype_name(dtype) -> str:
 
 
 def torch_dtype(name: str):
-    import torch
+    import torch  # torch-free: the zygote imports wire first
 
     return getattr(torch, name)
 
@@ -393,7 +393,7 @@ class Layout:
 
 def view_of(arena: Arena, slot: Slot, elements: int | None = None):
     """A tensor over the arena's bytes of ``slot``: 1-D, ``elements`` long (default all)."""
-    import torch
+    import torch  # torch-free: the zygote imports wire first
 
     count = slot.elements if elements is None else elements
     if count == 0:
@@ -404,7 +404,7 @@ def view_of(arena: Arena, slot: Slot, elements: int | None = None):
 
 def write_tensor(arena: Arena, layout: Layout, t, device: str | None = None) -> Slot:
     """Copy ``t``'s storage span into the arena; the slot rebuilds the same view."""
-    import torch
+    import torch  # torch-free: the zygote imports wire first
 
     t = t.detach()
     elements = span_elements(t)
@@ -437,7 +437,7 @@ def read_tensor(arena: Arena, slot: Slot, *, fresh: bool = True):
     """The tensor ``slot`` describes (the same sizes, strides and storage offset), on
     ``slot.device``: in new storage of its own (``fresh``), or, on the CPU, a view of the
     arena's own bytes (no copy: what is written into it is what the other side reads)."""
-    import torch
+    import torch  # torch-free: the zygote imports wire first
 
     dtype = torch_dtype(slot.dtype)
     if not fresh and slot.device == "cpu":

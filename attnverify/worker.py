@@ -144,8 +144,8 @@ _MISSING = object()
 
 def _watched_functions():
     """The torch callables this module relies on, by name, with the objects they are now."""
-    import torch
-    import torch.func
+    import torch  # worker: torch loads in the zygote, after this
+    import torch.func  # worker: torch loads in the zygote, after this
 
     owners = {
         "torch": (torch, ("empty", "as_strided", "frombuffer", "is_grad_enabled",
@@ -169,7 +169,7 @@ def _watched_functions():
 
 def _flags():
     """The global flags a call must leave unchanged: ``[(name, get, set)]``."""
-    import torch
+    import torch  # worker: torch loads in the zygote, after this
 
     cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
     flags = [
@@ -195,7 +195,7 @@ def _flags():
 
 
 def _set_cudnn(deterministic, benchmark, tf32) -> None:
-    import torch
+    import torch  # worker: torch loads in the zygote, after this
 
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = benchmark
@@ -206,7 +206,7 @@ def _more_flags():
     """Flags that change which algorithm or rounding later calls get (matmul reductions, SDPA
     backends, oneDNN, flush-to-zero), the global random generator (reseeded or drawn from) and
     the fast path of ``nn.MultiheadAttention``: ``[(name, get, set)]``, those this torch has."""
-    import torch
+    import torch  # worker: torch loads in the zygote, after this
 
     out = []
     matmul = torch.backends.cuda.matmul
@@ -256,12 +256,12 @@ class _RngState:
 
     @classmethod
     def now(cls) -> _RngState:
-        import torch
+        import torch  # worker: torch loads in the zygote, after this
 
         return cls(torch.get_rng_state())
 
     def __eq__(self, other) -> bool:
-        import torch
+        import torch  # worker: torch loads in the zygote, after this
 
         return isinstance(other, _RngState) and torch.equal(self.state, other.state)
 
@@ -275,10 +275,10 @@ def _namespaces():
     and ``builtins``. ``[(label, owner, {name: object})]``, public names (no ``_`` prefix) as
     they are now; names added later are not changes."""
 
-    import torch
-    import torch.func
-    import torch.nn.functional
-    import torch.special
+    import torch  # worker: torch loads in the zygote, after this
+    import torch.func  # worker: torch loads in the zygote, after this
+    import torch.nn.functional  # worker: torch loads in the zygote, after this
+    import torch.special  # worker: torch loads in the zygote, after this
 
     owners = [("torch", torch), ("torch.nn.functional", torch.nn.functional),
               ("torch.linalg", torch.linalg), ("torch.special", torch.special),
@@ -314,7 +314,7 @@ def _version_reader(dicts: list):
     if sys.implementation.name != "cpython" or not (3, 11) <= sys.version_info[:2] <= (3, 13):
         return None
     try:
-        import ctypes
+        import ctypes  # optional dependency: ctypes (absent on some builds)
 
         offset = 2 * ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
 
@@ -381,7 +381,7 @@ class StateGuard:
         self.versions = _version_reader(list(dicts.values()))
         #: Public names of ``torch.Tensor``'s bases: a binding of one in ``torch.Tensor``
         #: itself shadows a method (a patch), where another new name is only an addition.
-        import torch
+        import torch  # worker: torch loads in the zygote, after this
 
         self.shadowable = {name for base in torch.Tensor.__mro__[1:]
                            for name in vars(base) if not name.startswith("_")}
@@ -532,6 +532,7 @@ class Server:
         if kind == "normalizer":
             self.spec = load_target(target, params)
         else:
+            # worker: brings torch, loaded late
             from attnverify.attention.loader import load_attention
 
             self.spec = load_attention(target, params)
@@ -563,8 +564,8 @@ class Server:
     def _describe_reference(self):
         """How the checker evaluates the target's reference: an attnverify formula or built-in
         (in the checker), or the target's own (here, in the worker)."""
-        from attnverify.normalizers import BUILTINS
-        from attnverify.normalizers.reference import REFERENCES
+        from attnverify.normalizers import BUILTINS  # worker: brings torch, loaded late
+        from attnverify.normalizers.reference import REFERENCES  # worker: as above
 
         spec = self.spec
         ref = spec.reference
@@ -608,7 +609,7 @@ class Server:
     def handle(self, message: dict, tensors: list) -> tuple[dict, list]:
         """Answer one request on ``tensors`` (fresh storage): ``(reply, outputs)``; the outputs
         are accepted tensors in the order of ``message["expect"]``."""
-        import torch
+        import torch  # worker: torch loads in the zygote, after this
 
         op = message.get("op")
         fn = self.function(message.get("fn", "target"))
@@ -644,7 +645,7 @@ class Server:
         return reply, outputs
 
     def _guarded(self, effects: list[str], grad: bool, call):
-        import torch
+        import torch  # worker: torch loads in the zygote, after this
 
         torch.set_grad_enabled(grad)
         with warnings.catch_warnings(record=True) as caught:
@@ -672,7 +673,7 @@ class Server:
                 self.warned.append(text)
 
     def _call(self, fn, args, kwargs, tensors, message, grad_mode, effects):
-        import torch
+        import torch  # worker: torch loads in the zygote, after this
 
         wants = [bool(g) for g in message.get("grad", [])]
         if len(wants) != len(tensors):
@@ -689,7 +690,7 @@ class Server:
     def _calls(self, fn, tensors, message, effects):
         """Several calls in one request, in order, each on its own inputs (no grad); the
         ``index`` of a call that raises or is refused goes back with the error."""
-        import torch
+        import torch  # worker: torch loads in the zygote, after this
 
         calls, expect = message.get("calls"), message.get("expect")
         if not isinstance(calls, list) or not isinstance(expect, list) or \
@@ -761,7 +762,7 @@ class Server:
         return self.accept(list(self._guarded(effects, True, second)), message, tensors)
 
     def _jvp(self, fn, args, kwargs, tensors, message, effects):
-        import torch.func
+        import torch.func  # worker: torch loads in the zygote, after this
 
         wrt = _indices(message.get("wrt"), len(tensors))
         tangents = [tensors[i] for i in _indices(message.get("tangents"), len(tensors))]
@@ -787,7 +788,7 @@ class Server:
         floating dtype, device) and, with ``alias`` (the results of a call, not derivatives, which
         autograd may pass through), against sharing storage with an input or an earlier result;
         :class:`Border` when refused."""
-        import torch
+        import torch  # worker: torch loads in the zygote, after this
 
         expect = message.get("expect")
         if not isinstance(expect, list) or len(expect) != len(outputs):
@@ -870,7 +871,7 @@ class _Recent:
 
 
 def _check_plain(out, what: str) -> None:
-    import torch
+    import torch  # worker: torch loads in the zygote, after this
 
     if type(out) is not torch.Tensor:
         kind = type(out)
@@ -920,7 +921,7 @@ def _overlap(a, b) -> bool:
 
 
 def _grad(out, wrt, cotangent, create: bool):
-    import torch
+    import torch  # worker: torch loads in the zygote, after this
 
     outs = out if isinstance(out, (list, tuple)) else [out]
     cots = cotangent if isinstance(cotangent, (list, tuple)) else [cotangent]
@@ -1097,7 +1098,7 @@ def _answer(server: Server, arena, message: dict) -> dict:
 def _return_inputs(arena, slots, tensors) -> None:
     """Inputs that were copied to another device written back to their slots, so the checker
     sees what the call left in them (CPU inputs are the arena's bytes already)."""
-    import torch
+    import torch  # worker: torch loads in the zygote, after this
 
     for slot, t in zip(slots, tensors):
         if slot.device != "cpu" and slot.elements:
@@ -1119,7 +1120,7 @@ PRELOAD = ("torch", "torch.func", "attnverify.registry", "attnverify.normalizers
 
 def _prctl(option: int, value: int) -> None:
     try:
-        import ctypes
+        import ctypes  # optional dependency: ctypes (absent on some builds)
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(option, value, 0, 0, 0)
@@ -1377,7 +1378,7 @@ def _limit_memory() -> None:
     """``RLIMIT_AS`` at the worker's size now plus half the physical memory: a runaway
     allocation is an error answer (or a killed worker), not the machine's out-of-memory killer."""
     try:
-        import resource
+        import resource  # optional dependency: resource (Unix only)
 
         with open("/proc/self/statm") as fh:
             size = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")

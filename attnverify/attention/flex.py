@@ -44,7 +44,7 @@ GQA_GROUP = 4
 
 def unavailable() -> str:
     try:
-        from torch.nn.attention import flex_attention  # noqa: F401
+        from torch.nn.attention import flex_attention  # noqa: F401 - optional dependency: torch 2.5+
     except ImportError as exc:
         return f"torch {torch.__version__} has no FlexAttention ({exc})"
     return ""
@@ -63,7 +63,7 @@ def flash_unavailable() -> str:
 
 
 def _raise_recompile_limit() -> None:
-    import torch._dynamo
+    import torch._dynamo  # heavy: torch._dynamo, only a flex call
 
     config = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):
@@ -72,6 +72,7 @@ def _raise_recompile_limit() -> None:
 
 
 def _flex_call(q, k, v, bias, slopes, scale, mod: str, window: int, cap: float, gqa: bool):
+    # heavy: torch._dynamo, only a flex call
     from torch.nn.attention.flex_attention import flex_attention
 
     def score_mod(s, b, h, i, j):
@@ -161,7 +162,7 @@ def _pad_group(t: torch.Tensor, group: int, bucket: int) -> torch.Tensor:
 def _mark_dynamic(q, k, v, bias) -> None:
     """Queries and keys dynamic from the first compile (``maybe_``: no error where torch
     specialises one anyway)."""
-    import torch._dynamo
+    import torch._dynamo  # heavy: torch._dynamo, only a flex call
 
     for t, dims in ((q, (2,)), (k, (2,)), (v, (2,)), (bias, (2, 3))):
         for dim in dims:
@@ -222,6 +223,7 @@ def flex(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
 
 
 def _direct_call(q, k, v, bias, scale, gqa: bool):
+    # heavy: torch._dynamo, only a flex call
     from torch.nn.attention.flex_attention import flex_attention
 
     def score_mod(s, b, h, i, j):

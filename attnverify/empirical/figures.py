@@ -35,7 +35,7 @@ EXTRA = {"heads": "head_diagnostics.png", "normalizers": "normalizers.png"}
 def write_figures(document: dict, out: Path) -> dict[str, str]:
     """Draw every figure the results allow; returns ``{figure: file name}``."""
     try:
-        import matplotlib
+        import matplotlib  # optional dependency (plots extra)
 
         matplotlib.use("Agg")
     except ImportError:
@@ -68,7 +68,7 @@ def _title(document: dict) -> str:
 
 
 def _save(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -111,7 +111,7 @@ def _theorem1(ax, x, own):
 
 
 def fig_distance_vs_length(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     _theorem1(ax, result["lengths"], result["normalizers"][MODEL_SOFTMAX])
@@ -122,7 +122,7 @@ def fig_distance_vs_length(result: dict, title: str):
 
 
 def fig_distance_vs_topn(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     _theorem1(ax, result["N"], result["normalizers"][MODEL_SOFTMAX])
@@ -133,7 +133,7 @@ def fig_distance_vs_topn(result: dict, title: str):
 
 
 def fig_critical(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     own = result["normalizers"][MODEL_SOFTMAX]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -173,7 +173,7 @@ def _critical_right(ax, result, own):
 
 
 def fig_separability(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     own = result["normalizers"][MODEL_SOFTMAX]
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -193,7 +193,7 @@ def fig_separability(result: dict, title: str):
 
 
 def fig_gradient(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     own = result["normalizers"][MODEL_SOFTMAX]
     ts = result["T"]
@@ -214,7 +214,7 @@ def fig_gradient(result: dict, title: str):
 
 
 def fig_lemma1(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     lengths = result["lengths"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -233,7 +233,7 @@ def fig_lemma1(result: dict, title: str):
 
 
 def fig_temperature(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     ts = result["T"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -253,7 +253,7 @@ def fig_temperature(result: dict, title: str):
 
 
 def fig_coverage(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     layers = list(range(result["layers"]))
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -270,7 +270,7 @@ def fig_coverage(result: dict, title: str):
 
 
 def fig_convergence(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     ns = result["N"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -290,7 +290,7 @@ def fig_convergence(result: dict, title: str):
 
 
 def fig_rank_collapse(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     archs = list(result["architectures"])
     fig, axes = plt.subplots(len(archs), 3, figsize=(13, 3.75 * len(archs)), squeeze=False)
@@ -311,7 +311,7 @@ def fig_rank_collapse(result: dict, title: str):
 
 
 def fig_training(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     layers = result["layers"]
     fig, axes = plt.subplots(1, layers + 1, figsize=(3.6 * (layers + 1), 3.6), squeeze=False)
@@ -347,7 +347,7 @@ def _collapse_axes(axes, arch: str) -> None:
 
 
 def head_diagnostics(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     own = result["normalizers"][MODEL_SOFTMAX]
     heads = result["heads"]
@@ -363,7 +363,7 @@ def head_diagnostics(result: dict, title: str):
 
 
 def normalizers_figure(ex: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     panels = [k for k in ("distance_vs_length", "separability", "gradient") if k in ex]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)

@@ -192,7 +192,7 @@ def _quiet_loading(quiet: bool):
     if not quiet:
         yield
         return
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # optional dependency (models extra)
 
     before = os.environ.get("TQDM_DISABLE")
     os.environ["TQDM_DISABLE"] = "1"
@@ -259,7 +259,7 @@ def _run_one(name: str, ctx: Context, store: CheckpointStore, print_: str, faile
 
 def _bar_factory(config: cfg.RunConfig):
     def make(desc: str, total: int):
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # optional dependency (models extra)
 
         return tqdm(total=total, desc=desc, file=sys.stderr, disable=not config.progress,
                     leave=False, dynamic_ncols=True)
@@ -356,7 +356,7 @@ def _display_path(path: Path) -> str:
 
 def _environment(config) -> dict:
     try:
-        import transformers
+        import transformers  # optional dependency (models extra)
 
         tf_version = transformers.__version__
     except ImportError:  # pragma: no cover - the model check needs it anyway
