@@ -11,7 +11,7 @@ import contextlib
 import os
 import re
 
-from attnverify import prestart, triton_runtime
+from attnverify import triton_runtime
 from attnverify.errors import UsageError
 from attnverify.jobs import check_jobs, job_count
 from attnverify.registry import builtin_ids
@@ -204,6 +204,8 @@ def _add_attention_options(p: argparse.ArgumentParser) -> None:
 def _early_zygote(args) -> None:
     """Start the worker processes' zygote now, before this process imports torch, so that the
     two imports overlap (:mod:`attnverify.prestart`); not for a run in this process."""
+    from attnverify import prestart  # dispatch: on a run only (wire, its arena), not --help
+
     if not getattr(args, "no_isolation", False) and isolation_default():
         prestart.early()
 
