@@ -23,7 +23,7 @@ _LAZY = {"AttentionSpec", "attention_spec"}
 
 def __getattr__(name: str):
     if name in _LAZY:
-        from attnverify.attention import spec
+        from attnverify.attention import spec  # torch-free: the package imports without torch
 
         return getattr(spec, name)
     raise AttributeError(f"module 'attnverify' has no attribute {name!r}")

@@ -45,8 +45,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from attnverify.errors import UsageError
 from attnverify.exampledb import ResilientDatabase, database_key, describe
+from attnverify.falsify_search import F64, FalsifyCase
+from attnverify.runconfig import check_workers  # noqa: F401 - kept as campaign.check_workers
 
 #: Stored witnesses replayed at the start of a search (fewest keys first).
 MAX_REPLAY_WITNESSES = 16
@@ -54,8 +58,6 @@ MAX_REPLAY_WITNESSES = 16
 MAX_NEAR = 8
 #: Near-witnesses a search saves: its worst case and the best of its strata, highest first.
 SAVE_NEAR = 4
-#: ``--workers``: at most this many search processes.
-MAX_WORKERS = 64
 #: Seconds the other workers get to stop (and save what they found) once one has a witness, or
 #: after Ctrl-C, before they are killed.
 STOP_GRACE_S = 15.0
@@ -140,9 +142,6 @@ def decode(value: bytes, search) -> tuple[Any, float] | None:
     """``(case, stored margin)`` of an entry this search can replay, else None: a malformed
     entry, a row longer than the search's longest, or a temperature the search would not use.
     (The stored margin orders the near cases; an entry without one comes last.)"""
-    import torch
-
-    from attnverify.falsify_search import F64, FalsifyCase
 
     try:
         entry = json.loads(value.decode("utf-8")) if len(value) < 4 * 2**20 else None
@@ -194,7 +193,6 @@ def replay_cases(shared: Shared, search) -> list:
     """The cases the replay phase evaluates, in order: stored witnesses (fewest unmasked keys,
     then shortest, then by their bytes: the same order in every process), then near cases
     (highest stored margin first)."""
-    import torch
 
     def live(case) -> int:
         return int(torch.isfinite(case.scores).sum())
@@ -287,18 +285,6 @@ def _count(n: int, noun: str, plural: str | None = None) -> str:
 
 # --------------------------------------------------------------------------------------------
 # Workers
-
-
-def check_workers(value: Any) -> int:
-    """``--workers N``: 1 to :data:`MAX_WORKERS`."""
-    text = str(value).strip()
-    if isinstance(value, bool) or not text.isascii() or not text.isdigit() or len(text) > 6:
-        raise UsageError(f"--workers expects a whole number from 1 to {MAX_WORKERS}, "
-                         f"got {str(value)[:40]!r}")
-    n = int(text)
-    if not 1 <= n <= MAX_WORKERS:
-        raise UsageError(f"--workers must be between 1 and {MAX_WORKERS}, got {n}")
-    return n
 
 
 def worker_seed(seed: int, index: int) -> int:

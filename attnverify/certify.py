@@ -32,11 +32,15 @@ from attnverify.checks.base import (
     positive_temperature,
 )
 from attnverify.checks.layout import space_of
+from attnverify.checks.reference import reference_label, reference_owner
 from attnverify.checks.shrink import Hung, shrink
-from attnverify.coverage import Coverage
+from attnverify.checks.universal import event_case
+from attnverify.coverage import Coverage, certified_for, target_block
+from attnverify.coverage import merge as merge_coverage
 from attnverify.coverage import recording as coverage_recording
 from attnverify.errors import TargetFailedInFull, UsageError, WorkerFailed
-from attnverify.registry import NormalizerSpec
+from attnverify.exampledb import database_key, open_database
+from attnverify.registry import NormalizerSpec, load_target
 from attnverify.runconfig import (  # noqa: F401 - re-exported: the run configuration's home
     DTYPES,
     PROFILE_ENV,
@@ -116,7 +120,6 @@ def combine(prop_id: str, claimed: bool, units: list, *, missing: str = "") -> P
     unit ran, ``not_applicable`` when none applied. Examples and seconds add up, the worst ratio
     is the largest, the coverage the union. The same function serves an unsharded run and
     ``merge``, so both give the same result."""
-    from attnverify.coverage import merge as merge_coverage
 
     ran = [r for _, r in units if r is not None]
     statuses = [r.status if r is not None else "not_checked" for _, r in units]
@@ -199,8 +202,6 @@ class TargetResult:
         return "certified"
 
     def to_json(self, *, partial: bool = False) -> dict[str, Any]:
-        from attnverify.coverage import certified_for, target_block
-
         coverage = target_block(self.results)
         declared = (coverage or {}).get("declared")
         if coverage is not None and self.call_cap:
@@ -260,7 +261,6 @@ def fix_reference(ctx: Context, reference: str | None) -> Context:
     bad one is a usage error before any work); ``None`` leaves ``ctx`` unchanged."""
     if not reference:
         return ctx
-    from attnverify.registry import load_target
 
     load_target(reference)
     return dataclasses.replace(ctx, reference=reference.strip())
@@ -270,7 +270,6 @@ def with_reference(spec: NormalizerSpec, claims: list[str] | None, ctx: Context)
     """``(spec, claims)`` with the reference applied: ``--reference REF`` (``ctx.reference``)
     replaces the spec's own and adds ``matches_reference`` to any claims; a spec with a reference
     of its own (or a kernel) claims ``matches_reference`` unless ``claims`` replace its own."""
-    from attnverify.checks.reference import reference_label
 
     if getattr(ctx, "reference", None):
         spec = spec.with_reference(ctx.reference)
@@ -297,7 +296,6 @@ def certify_target(
     if cap:
         ctx = dataclasses.replace(ctx, max_rows=cap["rows"])
     spec, props = plan(spec, claims, ctx)
-    from attnverify.checks.reference import reference_label, reference_owner
 
     result = TargetResult(target=label or spec.id, claims=list(spec.claims),
                           params=dict(spec.params), reference=reference_label(spec),
@@ -348,7 +346,6 @@ def side_effects(monitor, params: dict, limit: int = 8) -> list[dict[str, Any]]:
     for event in monitor.effects[:limit]:
         entry: dict[str, Any] = {"what": event.what, "op": event.op, "call": event.call,
                                  "case": None}
-        from attnverify.checks.universal import event_case
 
         case = event_case(event)
         if case is not None:
@@ -751,8 +748,6 @@ def database_key_of(prop: Property, spec: NormalizerSpec, ctx: Context) -> bytes
     string, its parameters, the property and the dtypes the cases take (the unit's one, else the
     run's), with attnverify's version (:func:`attnverify.exampledb.database_key`). ``certify
     --database`` and :mod:`attnverify.fuzz` file and replay examples under it."""
-    from attnverify.exampledb import database_key
-    from attnverify.serialize import dtype_name
 
     unit = getattr(ctx, "unit_dtype", None)
     dtypes = ",".join(dtype_name(d) for d in ((unit,) if unit is not None else ctx.dtypes))
@@ -777,7 +772,6 @@ def _hypothesis_test(prop: Property, spec: NormalizerSpec, ctx: Context, state: 
 def example_database(text: str):
     """The example database ``text`` names (``certify --database``), opened once per process and
     checked (:func:`attnverify.exampledb.open_database`: exit 2 on a bad one)."""
-    from attnverify.exampledb import open_database
 
     return open_database(text, option="--database")
 

@@ -16,11 +16,14 @@ from typing import Any
 
 import torch
 
+import attnverify
 from attnverify import bounds
 from attnverify.certify import make_context, run_property
 from attnverify.checks import PROPERTIES
 from attnverify.checks.base import Context
+from attnverify.falsify import falsify, repro
 from attnverify.registry import load_target
+from attnverify.report import check_outputs, write_atomic, write_json
 from attnverify.serialize import jsonable
 
 
@@ -73,7 +76,6 @@ def _property_row(row: ClaimRow, prop_id: str, target: str, ctx: Context) -> Cla
 def _falsify_row(row: ClaimRow, inequality: str, target: str, ctx: Context) -> ClaimRow:
     """A row checked by the falsifier: minimal witness (shortest row, largest ratio) and the
     worst ratio over the whole search."""
-    from attnverify.falsify import falsify
 
     res = falsify(load_target(target), inequality, ctx)
     row.worst_ratio = res.worst.ratio if res.worst else None
@@ -82,7 +84,6 @@ def _falsify_row(row: ClaimRow, inequality: str, target: str, ctx: Context) -> C
     if res.witness is None:
         row.verdict = "holds"
         return row
-    from attnverify.falsify import repro
 
     w = res.witness
     row.verdict = "falsified"
@@ -301,9 +302,6 @@ def table_markdown(rows: list[ClaimRow]) -> str:
 
 
 def run_claims_command(args) -> int:
-    from attnverify import __version__
-    from attnverify.report import check_outputs, write_atomic, write_json
-
     ctx = make_context(args.profile, seed=args.seed)
     check_outputs(json=args.json_path, markdown=args.markdown_path)  # also: not the same file
     rows = audit(ctx)
@@ -318,7 +316,8 @@ def run_claims_command(args) -> int:
     else:
         print(f"all {len(rows)} verdicts match docs/THEORY.md §7")
     if args.json_path:
-        write_json(args.json_path, {"schema_version": 1, "attnverify_version": __version__,
+        write_json(args.json_path, {"schema_version": 1,
+                                    "attnverify_version": attnverify.__version__,
                                     "profile": ctx.profile, "seed": ctx.seed,
                                     "claims": [r.to_json() for r in rows]})
     if args.markdown_path:

@@ -8,8 +8,13 @@ import os
 import sys
 from collections.abc import Callable
 
+import attnverify
 from attnverify import settings
+from attnverify.commands import COMMANDS, triton_mode
+from attnverify.empirical.cli import add_parser as add_empirical
+from attnverify.empirical.cli import run as run_empirical
 from attnverify.errors import UsageError, check_not_shadowed
+from attnverify.registry import builtins, entry_point_names, load_target
 
 EXIT_OK, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
 
@@ -88,7 +93,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _cmd_list(args) -> int:
-    from attnverify.registry import builtins, entry_point_names, load_target
+    from attnverify.attention.kernels import list_rows  # dispatch: imports torch
 
     rows = [("id", "space", "parameters", "source")]
     specs = list(builtins().values())
@@ -102,8 +107,6 @@ def _cmd_list(args) -> int:
         source = spec.citation if spec.source == "builtin" else spec.source
         rows.append((spec.id, spec.space, params, source))
     print(_table(rows))
-    from attnverify.attention.kernels import list_rows
-
     print("\nattention targets (certify --attention TARGET):")
     print(_table(list_rows()))
     return EXIT_OK
@@ -118,8 +121,6 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 
 def _commands() -> dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable]]:
     """name -> (help, add_arguments, run). Commands from other modules register here."""
-    from attnverify.commands import COMMANDS
-
     return {
         "list": ("the normalizer registry: id, output space, parameters, source",
                  lambda p: None, _cmd_list),
@@ -128,23 +129,16 @@ def _commands() -> dict[str, tuple[str, Callable[[argparse.ArgumentParser], None
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
-    from attnverify import __version__
-
     parser = _Parser(prog="attnverify", description="Property-based verification and benchmarks "
                      "for attention normalizers (exit 0 ok, 1 violated or falsified, 2 bad input).")
-    parser.add_argument("--version", action="version", version=f"attnverify {__version__}")
+    parser.add_argument("--version", action="version",
+                        version=f"attnverify {attnverify.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands = _commands()
     for name, (help_text, add_arguments, _run) in commands.items():
         add_arguments(sub.add_parser(name, help=help_text, description=help_text))
-    try:
-        from attnverify.empirical.cli import add_parser as add_empirical
-        from attnverify.empirical.cli import run as run_empirical
-    except ImportError:
-        pass
-    else:
-        add_empirical(sub)
-        commands["empirical"] = ("the model check", None, run_empirical)
+    add_empirical(sub)
+    commands["empirical"] = ("the model check", None, run_empirical)
     return parser, commands
 
 
@@ -184,8 +178,6 @@ def _main(argv: list[str] | None) -> int:
             parser.print_help()
             return EXIT_USAGE
         settings.check()
-        from attnverify.commands import triton_mode  # loaded with the parser, on dispatch
-
         with triton_mode(args):
             code = int(commands[args.command][2](args))
         sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit

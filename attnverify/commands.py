@@ -8,18 +8,26 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 import re
-import sys
 
+from attnverify import triton_runtime
 from attnverify.errors import UsageError
+from attnverify.jobs import check_jobs, job_count
+from attnverify.registry import builtin_ids
 from attnverify.runconfig import (
     FALSIFY_BUDGETS,
     MAX_EXAMPLES_LIMIT,
     PROFILE_NAMES,
     PROFILES,
-    context_from_args,
+    RANDOM_SEED,
+    check_budget,
+    check_max_examples,
+    check_max_length,
+    check_seed,
+    check_timeout,
+    check_workers,
+    isolation_default,
 )
 
 PROFILE_CHOICES = PROFILE_NAMES
@@ -44,8 +52,6 @@ def _argument_type(check):
 
 
 def _positive_int(text: str) -> int:
-    from attnverify.runconfig import check_max_examples
-
     try:
         value = int(text) if text.strip().lstrip("+-").isdigit() and text.isascii() else None
     except ValueError:
@@ -59,34 +65,24 @@ def _positive_int(text: str) -> int:
 
 def _seed(text: str):
     """``--seed``: an integer 0…2**64−1, or ``random`` (a fresh seed drawn for this run)."""
-    from attnverify.runconfig import RANDOM_SEED, check_seed
-
     if text.strip().lower() == RANDOM_SEED:
         return RANDOM_SEED
     return _argument_type(check_seed)(text)
 
 
 def _timeout(text: str) -> float:
-    from attnverify.runconfig import check_timeout
-
     return _argument_type(check_timeout)(text)
 
 
 def _budget(text: str) -> float:
-    from attnverify.runconfig import check_budget
-
     return _argument_type(check_budget)(text)
 
 
 def _jobs(text: str) -> int:
-    from attnverify.jobs import check_jobs
-
     return _argument_type(check_jobs)(text)
 
 
 def _max_length(text: str) -> int:
-    from attnverify.runconfig import check_max_length
-
     return _argument_type(check_max_length)(text)
 
 
@@ -134,8 +130,6 @@ def triton_mode(args):
     naming the extra) and ``--device cpu`` ask for the interpreter (CPU tensors are what it
     runs: a compiled kernel cannot take them, even where a GPU is visible); without either a
     worker runs compiled kernels where it sees a GPU, the interpreter elsewhere."""
-    from attnverify import triton_runtime
-
     forced = bool(getattr(args, "triton_interpret", False))
     if forced and not triton_runtime.installed():
         raise UsageError(triton_runtime.MISSING)
@@ -192,100 +186,42 @@ def _certify_args(p: argparse.ArgumentParser) -> None:
                    help="compare every target with REF (a target string: built-in id, "
                    "module:attr, file.py:attr; with --attention an attention target), evaluated "
                    "in float64: adds the claim matches_reference")
-    from attnverify.attention.command import add_arguments as add_attention_arguments
+    _add_attention_options(p)
 
-    add_attention_arguments(p)  # --attention (and --reference where no one else added it)
+
+def _add_attention_options(p: argparse.ArgumentParser) -> None:
+    """``--attention`` (:mod:`attnverify.attention.command`), and ``--reference`` where no one
+    else added it."""
+    p.add_argument("--attention", default=None, metavar="TARGET[,TARGET]",
+                   help="certify attention kernels with SDPA's signature f(q, k, v, attn_mask, "
+                   "is_causal, scale): built-in ids (attnverify list), module:attr, file.py:attr")
+    if "--reference" not in p._option_string_actions:
+        p.add_argument("--reference", default=None, metavar="REF",
+                       help="compare with REF: a normalizer id, or (with --attention) an "
+                       "attention target")
 
 
 def _early_zygote(args) -> None:
     """Start the worker processes' zygote now, before this process imports torch, so that the
     two imports overlap (:mod:`attnverify.prestart`); not for a run in this process."""
-    from attnverify.prestart import early  # torch-free
-    from attnverify.runconfig import isolation_default
+    from attnverify import prestart  # dispatch: on a run only (wire, its arena), not --help
 
     if not getattr(args, "no_isolation", False) and isolation_default():
-        early()
+        prestart.early()
 
 
 def _run_certify(args) -> int:
-    from attnverify.jobs import job_count
-    from attnverify.registry import builtin_ids
-
     if job_count(args, args.targets or builtin_ids()) == 1:  # with jobs, they have zygotes
         _early_zygote(args)
     if getattr(args, "attention", None) is not None:
         if args.database is not None:
             raise UsageError("--database applies to normalizer certification, not --attention")
-        from attnverify.attention.command import run_certify as run_attention
+        from attnverify.attention.command import run_certify  # dispatch: imports torch
 
-        return run_attention(args)
-    from attnverify import report
-    from attnverify.isolation import certify_all
-    from attnverify.registry import builtin_ids, parse_params
-    from attnverify.xfails import check_entries, load_xfails
+        return run_certify(args)
+    from attnverify.certify_command import run_certify  # dispatch: imports torch, Hypothesis
 
-    # every option checked here, before any work (loading the targets comes next)
-    ctx = context_from_args(args)  # attnverify.runconfig
-    report.check_outputs(json=args.json_path, markdown=args.markdown_path)
-    params = parse_params(args.params)
-    from attnverify.certify import fix_reference, fix_temperature
-
-    ctx = fix_temperature(ctx, params)  # --params temperature=… fixes T for every check, or exit 2
-    ctx = fix_reference(ctx, args.reference)  # --reference REF loads (or exit 2) and applies
-    if args.database is not None:  # opened and checked here (or exit 2), before any work
-        from attnverify.certify import example_database
-
-        example_database(args.database)
-        ctx = dataclasses.replace(ctx, database=args.database)
-    claims = None if args.claims is None else [c.strip() for c in args.claims.split(",")
-                                                if c.strip()]
-    xfails = load_xfails(args.xfails) if args.xfails else None
-    shard = check_shard(args, ctx)
-    targets = args.targets or builtin_ids()
-    from attnverify.jobs import job_count, run_jobs
-
-    jobs = job_count(args, targets)
-    if jobs > 1:  # the same units on several checker processes, merged (attnverify.jobs)
-        data = run_jobs(args.argv, jobs, ctx, quiet=args.quiet)
-        if xfails is not None:
-            check_entries(xfails, [f"{t['target']}::{r['property']}" for t in data["targets"]
-                                   for r in t["results"]])
-        return report.finish_certify(args, data, xfails)
-    planned = []
-    results = certify_all(targets, params, claims, ctx,
-                          progress=None if args.quiet else _progress,
-                          before_run=None if xfails is None else
-                          (lambda ids: check_entries(xfails, ids)),
-                          shard=shard, on_shard=planned.append)
-    if planned:
-        ctx = dataclasses.replace(ctx, shard=planned[0])
-    if args.database is not None:
-        _database_lost(args.database)
-    return report.finish_certify(args, report.certificate(results, ctx), xfails)
-
-
-def check_shard(args, ctx) -> tuple[int, int] | None:
-    """:func:`attnverify.shard.check_options` for ``--shard`` and ``--xfails``."""
-    from attnverify.shard import check_options
-
-    return check_options(getattr(args, "shard", None), ctx, xfails=getattr(args, "xfails", None))
-
-
-def _database_lost(text: str) -> None:
-    """Say so when ``certify --database``'s database went away during the run (the run went on
-    with what it had in memory; its verdicts stand)."""
-    from attnverify.certify import example_database
-
-    database = example_database(text)
-    if database.lost:
-        print(f"attnverify: the example database {database.where} was lost during the run "
-              f"({database.lost}); the run went on without it", file=sys.stderr)
-
-
-
-def _progress(target: str, result) -> None:
-    print(f"  {target}: {result.property} … {result.status} "
-          f"({result.examples} examples, {result.elapsed_s:.2f}s)", file=sys.stderr, flush=True)
+    return run_certify(args)
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,7 +229,8 @@ def _progress(target: str, result) -> None:
 
 
 def _run_properties(args) -> int:
-    from attnverify.checks import PROPERTIES
+    from attnverify.attention.properties import ATTENTION_PROPERTIES  # dispatch: imports torch
+    from attnverify.checks import PROPERTIES  # dispatch: imports torch, Hypothesis
 
     width = max(len(p) for p in PROPERTIES)
     for kind, universal in (("universal (always checked)", True), ("claimable", False)):
@@ -301,8 +238,6 @@ def _run_properties(args) -> int:
         for prop in PROPERTIES.values():
             if prop.universal == universal:
                 print(f"  {prop.id.ljust(width)}  {prop.statement}")
-    from attnverify.attention.properties import ATTENTION_PROPERTIES
-
     print("attention (certify --attention; claimable: attn_convex_hull, attn_fully_masked_row):")
     for prop in ATTENTION_PROPERTIES.values():
         print(f"  {prop.id.ljust(max(width, 27))}  {prop.statement}")
@@ -310,7 +245,7 @@ def _run_properties(args) -> int:
 
 
 def _run_quantities(args) -> int:
-    from attnverify.quantities import describe
+    from attnverify.quantities import describe  # dispatch: imports torch
 
     rows = describe()
     width = max(len(name) for name, _ in rows)
@@ -349,18 +284,15 @@ def _falsify_args(p: argparse.ArgumentParser) -> None:
 
 
 def _workers(text: str) -> int:
-    from attnverify.campaign import check_workers
-
     return _argument_type(check_workers)(text)
 
 
 def _run_falsify(args) -> int:
     if (getattr(args, "workers", None) or 1) <= 1:  # --workers N: each has a zygote of its own
         _early_zygote(args)
-    from attnverify.falsify import run_falsify_command
-    from attnverify.isolation import falsify_in_worker
+    from attnverify import falsify, isolation  # dispatch: import torch, Hypothesis
 
-    return run_falsify_command(args, isolated=falsify_in_worker)
+    return falsify.run_falsify_command(args, isolated=isolation.falsify_in_worker)
 
 
 # --------------------------------------------------------------------------------------------
@@ -375,7 +307,7 @@ def _claims_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_claims(args) -> int:
-    from attnverify.claims import run_claims_command
+    from attnverify.claims import run_claims_command  # dispatch: imports torch, Hypothesis
 
     return run_claims_command(args)
 
@@ -408,7 +340,7 @@ def _repro_args(p: argparse.ArgumentParser) -> None:
 
 def _run_repro(args) -> int:
     _early_zygote(args)
-    from attnverify.repro import run_repro_command
+    from attnverify.repro import run_repro_command  # dispatch: imports torch
 
     return run_repro_command(args)
 
@@ -430,7 +362,7 @@ def _merge_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_merge(args) -> int:
-    from attnverify.merge import run_merge_command
+    from attnverify.merge import run_merge_command  # dispatch
 
     return run_merge_command(args)
 

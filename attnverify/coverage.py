@@ -44,6 +44,9 @@ import contextvars
 import math
 from typing import Any
 
+from attnverify.attention.coverage import AttentionCoverage
+from attnverify.attention.coverage import merge as merge_attention
+
 FIELDS = ("cases", "dtypes", "ranks", "axes", "layouts", "row_length", "row_count",
           "elements", "large_cases", "large_sizes", "masked_keys", "fully_masked_rows",
           "temperature", "values", "magnitudes", "decades", "far_below", "shifts",
@@ -138,7 +141,7 @@ class Coverage:
             pass
 
     def _add(self, case: Any) -> None:
-        import torch
+        import torch  # torch-free: merge reads coverage
 
         self.cases += 1
         t = getattr(case, "temperature", None)
@@ -151,9 +154,9 @@ class Coverage:
             self._attention(case)
 
     def _rows(self, case, scores) -> None:
-        import torch
+        import torch  # torch-free: merge reads coverage
 
-        from attnverify.strategies.layouts import plain
+        from attnverify.strategies.layouts import plain  # torch-free: merge reads coverage
 
         count, length = scores.shape
         layout = getattr(case, "layout", None)
@@ -175,8 +178,8 @@ class Coverage:
     def _values(self, z, dtype: str) -> None:
         """The values, magnitudes and decades (by sign) of the rows' finite scores (``z``: the
         rows as a float64 array, ``dtype`` the scores' own)."""
-        import numpy as np  # with torch, on a case's path only: the report needs neither
-        import torch
+        import numpy as np  # torch-free: with torch, on a case's path only; merge needs neither
+        import torch  # torch-free: merge reads coverage
 
         finite = np.isfinite(z)
         if not finite.any():
@@ -198,10 +201,9 @@ class Coverage:
             seen["-"].update(e for e, t in zip(exps, top.tolist()) if t < 0)
 
     def _attention(self, case) -> None:
-        import torch
+        import torch  # torch-free: merge reads coverage
 
-        from attnverify.attention.cases import has_dead_rows
-        from attnverify.attention.coverage import AttentionCoverage
+        from attnverify.attention.cases import has_dead_rows  # torch-free: merge reads coverage
 
         q, k = case.q, case.k
         self.dtypes.add(str(q.dtype).removeprefix("torch."))
@@ -235,7 +237,7 @@ class Coverage:
         """The block (``None`` before any case)."""
         if not self.cases:
             return None
-        from attnverify.strategies.layouts import KINDS
+        from attnverify.strategies.layouts import KINDS  # torch-free: merge reads coverage
 
         return {
             "cases": self.cases,
@@ -302,7 +304,7 @@ def merge(blocks: list[dict]) -> dict[str, Any] | None:
     blocks = [b for b in blocks if b]
     if not blocks:
         return None
-    from attnverify.strategies.layouts import KINDS
+    from attnverify.strategies.layouts import KINDS  # torch-free: merge reads coverage
 
     def union(key, order=None):
         values = {v for b in blocks for v in (b.get(key) or [])}
@@ -374,7 +376,6 @@ def _attention_union(blocks: list[dict]) -> dict[str, Any]:
     parts = [b["attention"] for b in blocks if b.get("attention")]
     if not parts:
         return {}
-    from attnverify.attention.coverage import merge as merge_attention
 
     return {"attention": merge_attention(parts)}
 
@@ -499,7 +500,7 @@ def describe_difference(diff: dict) -> str:
 def certified_for(declared: dict | None) -> str:
     """What the verdict covers, in words: ``every layout; any axis; ranks 1–4`` or the declared
     restrictions."""
-    from attnverify.strategies.layouts import layout_space
+    from attnverify.strategies.layouts import layout_space  # torch-free: merge reads coverage
 
     if not declared:
         return layout_space().words()

@@ -30,6 +30,7 @@ from hypothesis.database import (
     InMemoryExampleDatabase,
 )
 
+import attnverify
 from attnverify.errors import UsageError
 
 __all__ = ["REDIS_TIMEOUT_S", "ResilientDatabase", "database_key", "describe", "open_database"]
@@ -103,10 +104,10 @@ def _open_redis(text: str, option: str) -> ExampleDatabase:
     if db > MAX_REDIS_DB:
         raise UsageError(f"{option}: Redis database number {db} is out of range in {shown!r}")
     try:
-        import redis
-        from hypothesis.extra.redis import RedisExampleDatabase
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
+        import redis  # optional dependency (fuzz extra)
+        from hypothesis.extra.redis import RedisExampleDatabase  # optional dependency (fuzz extra)
+        from redis.backoff import NoBackoff  # optional dependency (fuzz extra)
+        from redis.retry import Retry  # optional dependency (fuzz extra)
     except ImportError:
         raise UsageError(f"{option} {shown}: the redis package is not installed "
                          "(pip install 'attnverify[fuzz]')") from None
@@ -177,9 +178,8 @@ def database_key(kind: str, *parts: object) -> bytes:
     """The key of entries of ``kind`` for ``parts`` (target, normalized expression, parameters,
     …), with attnverify's version: ``b"attnverify/<kind>/<digest>"``, the same on every machine
     and process for the same parts."""
-    from attnverify import __version__
 
-    text = "\x00".join(["attnverify-example-db-1", __version__, kind, *map(str, parts)])
+    text = "\x00".join(["attnverify-example-db-1", attnverify.__version__, kind, *map(str, parts)])
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:40]
     return f"attnverify/{kind}/{digest}".encode()
 
@@ -189,7 +189,7 @@ def _lost_errors() -> tuple[type[BaseException], ...]:
     errors where the redis package is installed."""
     errors: list[type[BaseException]] = [OSError, EOFError]
     try:
-        import redis
+        import redis  # optional dependency (fuzz extra)
     except ImportError:
         pass
     else:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -28,6 +29,7 @@ import torch
 
 from attnverify import intervals as I
 from attnverify.errors import UsageError
+from attnverify.quantities import QUANTITIES
 
 FUNCTIONS: dict[str, tuple[Callable[..., torch.Tensor], int]] = {
     "exp": (torch.exp, 1),
@@ -130,7 +132,6 @@ def _describe(char: str) -> str:
     ``'\\xa0' (U+00A0 NO-BREAK SPACE)``."""
     if char.isascii() and char.isprintable():
         return repr(char)
-    import unicodedata
 
     name = unicodedata.name(char, "")
     return f"{char!r} (U+{ord(char):04X}{' ' + name if name else ''})"
@@ -629,8 +630,6 @@ def parse_inequality(text: str, known: Iterable[str] | None = None) -> Inequalit
     ``known`` are the allowed quantity names; default: :data:`attnverify.quantities.QUANTITIES`.
     """
     if known is None:
-        from attnverify.quantities import QUANTITIES
-
         known = QUANTITIES
     parser = _Parser(text, known)
     left = parser.expr()

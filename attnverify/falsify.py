@@ -32,9 +32,13 @@ from typing import Any
 
 import torch
 
-from attnverify import precise
+import attnverify
+from attnverify import campaign, precise
+from attnverify.campaign import sharing, summary_lines
+from attnverify.certify import fix_temperature, make_context
 from attnverify.checks.base import Context
 from attnverify.errors import UsageError
+from attnverify.exampledb import open_database
 from attnverify.expr import Inequality, over_ranges, parse_inequality
 from attnverify.falsify_search import (
     BATTERY_SHARE,
@@ -65,8 +69,9 @@ from attnverify.quantities import (
     RANGE_SPACE,
     quantity_ranges,
 )
-from attnverify.registry import NormalizerSpec, builtins
-from attnverify.runconfig import falsify_budget
+from attnverify.registry import NormalizerSpec, builtins, load_target, parse_params
+from attnverify.report import check_writable, write_json
+from attnverify.runconfig import PROFILES, falsify_budget
 from attnverify.serialize import number, repro_command
 from attnverify.tolerances import tol_for
 
@@ -253,14 +258,11 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
     replays what the database holds for this bound, keeps every witness (the moment it is met,
     then shrunk) and its best cases there, and gives the strata's Hypothesis runs the database;
     it also stops before an evaluation when the shared ``stop`` says so."""
-    from attnverify import campaign
 
     ineq = parse_inequality(text, QUANTITIES)
     shared = campaign.current()
     params = dict(params or {})
     if params.get("temperature") is not None and ctx.temperature is None:
-        from attnverify.certify import fix_temperature
-
         ctx = fix_temperature(ctx, params)
     start = time.perf_counter()
     search = make_search(spec, ineq, ctx, params)
@@ -406,11 +408,9 @@ def notes(res: FalsifyResult) -> list[str]:
 
 
 def result_json(res: FalsifyResult, ctx: Context) -> dict[str, Any]:
-    from attnverify import __version__
-
     return {
         "schema_version": 1,
-        "attnverify_version": __version__,
+        "attnverify_version": attnverify.__version__,
         "torch_version": torch.__version__,
         "target": res.target,
         "inequality": res.inequality.text,
@@ -453,7 +453,6 @@ def repro(res: FalsifyResult, ctx: Context) -> str:
 
 def rerun(res: FalsifyResult, ctx: Context) -> str:
     """The command that runs the same search again (with the budget options that were set)."""
-    from attnverify.runconfig import PROFILES
 
     params = ",".join(f"{k}={v}" for k, v in res.params.items() if v is not None)
     extra = f" --params {params}" if params else ""
@@ -520,7 +519,6 @@ def summary(res: FalsifyResult, ctx: Context) -> str:
     lines.extend(warning_lines(res.target_warnings))
     if report is not None:
         lines.extend(_search_lines(report))
-    from attnverify.campaign import summary_lines
 
     lines.extend(summary_lines(res.database))
     lines.append(f"  repro: {repro(res, ctx)}")
@@ -576,8 +574,6 @@ def run_search(target: str, params: dict[str, Any], text: str, ctx, shared=None,
     the code under test stopped. ``isolated(target, params, text, ctx)`` runs it with the target
     in a worker process (:func:`attnverify.isolation.falsify_isolated`); None loads the target
     here. ``shared`` (:class:`attnverify.campaign.Shared`): the database it replays and fills."""
-    from attnverify.campaign import sharing
-    from attnverify.registry import load_target
 
     with sharing(shared):
         if isolated is not None:  # loaded in a worker process (in this one: --no-isolation)
@@ -601,18 +597,12 @@ def run_falsify_command(args, isolated=None) -> int:
     worker process (:func:`attnverify.isolation.falsify_in_worker`; the command line passes it)
     and returns the result, or ``(message, case)`` when the code under test stopped it.
     ``--database`` and ``--workers``: :mod:`attnverify.campaign`."""
-    from attnverify import campaign
-    from attnverify.certify import make_context
-    from attnverify.exampledb import open_database
-    from attnverify.registry import parse_params
-    from attnverify.report import check_writable, write_json
 
     ctx = make_context(args.profile, max_examples=args.max_examples, seed=args.seed,
                        timeout=args.timeout, isolation=False if args.no_isolation else None,
                        budget=args.budget, max_length=args.max_length)
     check_writable(args.json_path, "--json")
     params = parse_params(args.params)
-    from attnverify.certify import fix_temperature
 
     ctx = fix_temperature(ctx, params)  # a bad temperature is exit 2, before any work
     parse_inequality(args.inequality, QUANTITIES)  # a usage error before any work

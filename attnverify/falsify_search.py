@@ -55,9 +55,12 @@ from hypothesis import strategies as st
 
 from attnverify import heartbeat, precise
 from attnverify import strategies as S
+from attnverify.checks.base import Violation
+from attnverify.checks.shrink import shrink
+from attnverify.exampledb import database_key
 from attnverify.expr import Inequality, margin
 from attnverify.quantities import QUANTITIES, evaluate_quantities, rounding_errors
-from attnverify.runconfig import hypothesis_settings
+from attnverify.runconfig import hypothesis_settings, seeded_generation
 from attnverify.serialize import encode_tensor, jsonable, number
 from attnverify.tolerances import tol_for
 
@@ -789,15 +792,12 @@ def run_hypothesis(test, *, ctx, seed: int, max_examples: int, key: str, databas
     test = hypothesis.seed(seed)(test)
     settings = hypothesis_settings(ctx, max_examples=max(1, max_examples), phases=STRATA_PHASES)
     if database is not None:
-        from attnverify.exampledb import database_key
-
         settings = hypothesis.settings(settings, database=database)
         digest = database_key("strata", key)
     else:
         digest = hashlib.sha256(key.encode()).digest()
     wrapped = settings(test)
     wrapped._hypothesis_internal_database_key = digest
-    from attnverify.runconfig import seeded_generation
 
     with seeded_generation():  # the same cases in every process for one seed
         wrapped()
@@ -948,7 +948,7 @@ def run_polish(search: Search) -> None:
     the boundary between the best case and the nearest with another count is bisected
     (:func:`_bisect_boundary`): a bound on a piecewise-constant quantity is tightest where the
     piece changes, often in a band narrower than any simplex step."""
-    from scipy.optimize import minimize
+    from scipy.optimize import minimize  # heavy: scipy.optimize, only the polish
 
     starts = polish_starts(search)
     counts = sorted(search.ineq.names & DISCRETE)
@@ -1044,8 +1044,6 @@ def shrink_witness(search: Search, witness: Evaluation,
                    vary_temperature: bool) -> tuple[Evaluation, int]:
     """The smallest failing case the greedy shrinker finds from ``witness`` (fewest keys, then
     simplest values, then T = 1), and the evaluations it spent."""
-    from attnverify.checks.base import Violation
-    from attnverify.checks.shrink import shrink
 
     last = {"ev": witness, "n": 0}
 

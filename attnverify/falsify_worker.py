@@ -11,6 +11,7 @@ worker's entry point only, so that :mod:`attnverify.campaign` stays below :mod:`
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -37,8 +38,6 @@ def _die_with_parent(parent: int) -> None:
     """SIGKILL this worker when its parent dies (Linux; elsewhere the closed stdin stops it),
     and exit now if it died already."""
     if sys.platform.startswith("linux"):
-        import ctypes
-
         try:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PDEATHSIG
         except (OSError, AttributeError):
@@ -57,12 +56,12 @@ def worker_main(job: dict) -> int:
     out: dict[str, Any] = {"worker": job["worker"]}
     try:
         # torch, Hypothesis and the search load after the stop pipe is watched
-        from attnverify.campaign import Shared
-        from attnverify.certify import fix_temperature
-        from attnverify.exampledb import open_database
-        from attnverify.falsify import result_json, run_search, summary
-        from attnverify.isolation import falsify_isolated
-        from attnverify.runconfig import make_context
+        from attnverify.campaign import Shared  # worker: see above
+        from attnverify.certify import fix_temperature  # worker: see above
+        from attnverify.exampledb import open_database  # worker: see above
+        from attnverify.falsify import result_json, run_search, summary  # worker: see above
+        from attnverify.isolation import falsify_isolated  # worker: see above
+        from attnverify.runconfig import make_context  # worker: see above
 
         ctx = make_context(job["profile"], max_examples=job["max_examples"], seed=job["seed"],
                            timeout=job["timeout"], isolation=False if job["no_isolation"] else None,

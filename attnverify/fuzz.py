@@ -30,9 +30,34 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+import hypothesis
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
+from hypothesis.internal.reflection import function_digest
 
+from attnverify import campaign, remote
+from attnverify.certify import (
+    WorkerStopped,
+    _State,
+    database_key_of,
+    fix_reference,
+    fix_temperature,
+    plan,
+    search_test,
+    unit_contexts,
+)
 from attnverify.errors import UsageError, WorkerFailed
+from attnverify.exampledb import database_key, open_database
+from attnverify.expr import parse_inequality
+from attnverify.falsify import make_search
+from attnverify.falsify_search import Budget, _Crossed, merit, stratum_cases
+from attnverify.isolation import close
+from attnverify.quantities import QUANTITIES
+from attnverify.registry import parse_params
+from attnverify.runconfig import hypothesis_settings, make_context
+from attnverify.serialize import dtype_name
 
 TARGET_ENV = "ATTNVERIFY_FUZZ_TARGET"
 DATABASE_ENV = "ATTNVERIFY_FUZZ_DATABASE"
@@ -98,8 +123,6 @@ class UnitKeys(ExampleDatabase):
         self.units.append((test, key))
 
     def _pairs(self) -> list[tuple[bytes, bytes]]:
-        from hypothesis.internal.reflection import function_digest
-
         pairs = []
         for test, key in self.units:
             inner = test.hypothesis.inner_test
@@ -158,14 +181,12 @@ class UnitKeys(ExampleDatabase):
 def units(prop, spec, ctx) -> list:
     """The contexts of ``prop``'s units as ``certify`` runs them: one per dtype its cases take
     where the run is split by dtype (``Context.unit_dtype``), else the run's context."""
-    from attnverify.certify import unit_contexts
 
     return [unit_ctx for _, unit_ctx in unit_contexts(prop, spec, ctx)]
 
 
 def unit_name(prop, ctx) -> str:
     """The test's name: ``test_<property>__<dtypes>``."""
-    from attnverify.serialize import dtype_name
 
     unit = getattr(ctx, "unit_dtype", None)
     dtypes = (unit,) if unit is not None else ctx.dtypes
@@ -185,11 +206,7 @@ def certify_test(prop, spec, ctx, database: UnitKeys, *, label: str = ""):
     draws afresh), filed under :func:`attnverify.certify.database_key_of`. A worker that fails
     is a :class:`WorkerStopped` failure; a property that does not apply is skipped with its
     reason."""
-    import hypothesis
-    import pytest
-
-    from attnverify.certify import _State, database_key_of, search_test
-    from attnverify.runconfig import hypothesis_settings
+    import pytest  # optional dependency (test extra)
 
     state = _State()
     state.coverage = _Uncounted()
@@ -222,10 +239,6 @@ def certify_tests(environ=None) -> dict[str, Any]:
     (each test reopens its target on first use, in whatever process runs it)."""
     environ = os.environ if environ is None else environ
     cfg = _config(environ)
-    from attnverify import remote
-    from attnverify.certify import fix_reference, fix_temperature, plan
-    from attnverify.isolation import close
-    from attnverify.registry import parse_params
 
     params = _named("ATTNVERIFY_FUZZ_PARAMS", parse_params, cfg["params"])
     ctx = _context(cfg)
@@ -295,23 +308,16 @@ def _config(environ) -> dict[str, Any]:
 
 
 def _context(cfg):
-    from attnverify.runconfig import make_context
-
     return make_context(dtypes=cfg["dtypes"], device=cfg["device"])
 
 
 def _open(text: str):
-    from attnverify.exampledb import open_database
-
     return open_database(text, option=DATABASE_ENV)
 
 
 def _load_profile(ctx, database: UnitKeys) -> None:
     """Make ``database`` Hypothesis's default: HypoFuzz fuzzes only tests whose database is the
     default one, and its workers and dashboard open the default."""
-    import hypothesis
-
-    from attnverify.runconfig import hypothesis_settings
 
     hypothesis.settings.register_profile(
         "attnverify-fuzz", hypothesis.settings(hypothesis_settings(ctx), database=database))
@@ -322,8 +328,6 @@ def _threads(ctx) -> None:
     """One intra-op thread for the checks while the target runs in its worker (see
     :func:`attnverify.certify.checker_threads`; a campaign's process does nothing else)."""
     if getattr(ctx, "isolation", True):
-        import torch
-
         torch.set_num_threads(1)
 
 
@@ -334,9 +338,7 @@ def entry_tests(environ=None) -> dict[str, Any]:
     target is set.
     A usage error (a bad variable, a target that does not load) is a collection error naming
     the variable."""
-    import pytest
-    from hypothesis import given
-    from hypothesis import strategies as st
+    import pytest  # optional dependency (test extra)
 
     environ = os.environ if environ is None else environ
     if not _env(TARGET_ENV, environ):
@@ -366,7 +368,6 @@ def strata_key(label: str, normalized: str, params: dict[str, Any], stratum) -> 
     """The key under which ``falsify TARGET EXPR --database`` keeps a stratum's Hypothesis corpus
     (:func:`attnverify.falsify_search.run_hypothesis`): the target as given, the normalized
     inequality, the parameters as given and the stratum's name."""
-    from attnverify.exampledb import database_key
 
     bound = "|".join([label, normalized, ",".join(f"{k}={v}" for k, v in sorted(params.items()))])
     return database_key("strata", f"{bound}|{stratum.name}")
@@ -378,14 +379,6 @@ def falsify_test(search, record, database: UnitKeys, *, label: str, witness_key:
     unlimited), the merit as an unlabelled target; a case that breaks the bound is a
     :class:`Falsified` failure, and (fewest keys so far in this process first) a witness under
     falsify's witness key, which ``falsify --database`` replays before it searches."""
-    import math
-
-    import hypothesis
-    from hypothesis import given
-
-    from attnverify import campaign
-    from attnverify.falsify_search import _Crossed, merit, stratum_cases
-    from attnverify.runconfig import hypothesis_settings
 
     smallest: list[tuple[int, int]] = []
 
@@ -393,8 +386,6 @@ def falsify_test(search, record, database: UnitKeys, *, label: str, witness_key:
         try:
             score = merit(search.evaluate(case))
         except WorkerFailed as exc:
-            from attnverify.certify import WorkerStopped
-
             raise WorkerStopped(f"the normalizer {exc.reason}") from None
         except _Crossed:
             ev = search.witness
@@ -434,15 +425,6 @@ def falsify_tests(environ=None) -> dict[str, Any]:
     if len(cfg["targets"]) != 1:
         raise UsageError(f"{TARGET_ENV}: falsify's strata take one target, got "
                          f"{len(cfg['targets'])}")
-    from attnverify import campaign, remote
-    from attnverify.certify import fix_temperature
-    from attnverify.expr import parse_inequality
-    from attnverify.falsify import make_search
-    from attnverify.falsify_search import Budget
-    from attnverify.isolation import close
-    from attnverify.quantities import QUANTITIES
-    from attnverify.registry import parse_params
-    from attnverify.runconfig import make_context
 
     (target,) = cfg["targets"]
     params = _named("ATTNVERIFY_FUZZ_PARAMS", parse_params, cfg["params"])

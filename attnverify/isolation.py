@@ -25,13 +25,13 @@ from __future__ import annotations
 import dataclasses
 
 from attnverify import heartbeat, remote
+from attnverify.certify import PropertyResult, TargetResult, certify_target, plan
 from attnverify.checks.base import monitor_of
 from attnverify.errors import UsageError, WorkerFailed
+from attnverify.shard import dtype_name, make_shard, unit_id
 
 
 def _load_failure(label: str, exc: BaseException):
-    from attnverify.certify import PropertyResult
-
     if isinstance(exc, WorkerFailed):
         message = f"loading the target {exc.reason}"
     elif getattr(exc, "remote_type", None) == "TargetImportFailed" or \
@@ -75,8 +75,6 @@ def certify_all(targets: list[str], params: dict, claims, ctx, *, progress=None,
     ``shard=(K, N)``: only the units of shard K of N run (:mod:`attnverify.shard`).
     ``on_shard(shard)`` receives its :class:`~attnverify.shard.Shard` (the partition of every
     unit of the run) before any unit runs. Every worker is stopped before this returns."""
-    from attnverify.certify import TargetResult, certify_target, plan
-    from attnverify.shard import dtype_name, make_shard, unit_id
 
     opened = []
     try:
@@ -118,7 +116,7 @@ def certify_all(targets: list[str], params: dict, claims, ctx, *, progress=None,
 def falsify_isolated(target: str, params: dict, text: str, ctx):
     """``falsify`` on ``target`` behind the boundary: its result, or ``(message, case or None)``
     when the code under test stopped the search (it died, hung or raised while loading)."""
-    from attnverify.falsify import falsify
+    from attnverify.falsify import falsify  # heavy: the search (mpmath), only falsify
 
     try:
         spec = remote.open_normalizer(target, params, ctx)

@@ -34,7 +34,7 @@ def _load_forward_mode() -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated",
                                 category=DeprecationWarning)
-        import torch._decomp.decompositions_for_jvp  # noqa: F401 - loaded for its side effect
+        import torch._decomp.decompositions_for_jvp  # noqa: F401 - side effect: registers them
 
 
 _load_forward_mode()

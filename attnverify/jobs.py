@@ -92,7 +92,9 @@ def run_jobs(argv: list[str], n: int, ctx, *, quiet: bool) -> dict:
     serial run writes it: no ``merged_from``, this process's pid). Each job's progress lines go to
     standard error as it runs (its verdict lines, of a partial certificate, nowhere). A job that
     ends without its part is a usage error naming it (its own message on standard error)."""
+    # dispatch: the merge (and its modules) only on a run with jobs
     from attnverify.merge import check_together, load_part, merge_parts
+
 
     with tempfile.TemporaryDirectory(prefix="attnverify-jobs-") as tmp:
         paths = [os.path.join(tmp, f"part{k}.json") for k in range(1, n + 1)]

@@ -12,10 +12,14 @@ that is not given leaves its units ``not_checked``: the targets they belong to r
 from __future__ import annotations
 
 import json
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
 from attnverify.errors import UsageError
+from attnverify.shard import unit_id
+from attnverify.xfails import check_entries, load_xfails
 
 #: Top-level keys every part of one run shares (they describe the run).
 SAME = ("schema_version", "attnverify_version", "torch_version", "device", "profile", "seed",
@@ -97,8 +101,8 @@ def merge_parts(parts: list[tuple[str, dict]]) -> dict[str, Any]:
     """The merged certificate of ``parts`` (``[(path, data)]``, already :func:`check_together`):
     the unsharded run's certificate, with ``merged_from`` (each part's shard, machine and checker
     pid) and ``missing_shards`` (the shards not given)."""
+    # torch-free: on the parser's path (jobs imports merge)
     from attnverify.certify import PropertyResult, TargetResult, combine
-    from attnverify.shard import unit_id
 
     first = parts[0][1]
     device = first.get("device") or "cpu"
@@ -162,8 +166,8 @@ def _effects_seen_elsewhere(target, parts, index: int, count: int, seed) -> None
     """``no_side_effects`` checks every call of the run, but each shard's worker saw only that
     shard's calls: a side effect any shard's worker reported (``side_effects`` of its part)
     fails the merged property even where its own units held."""
-    import math
 
+    # torch-free: on the parser's path (jobs imports merge)
     from attnverify.serialize import repro_command
 
     result = next((r for r in target.results if r.property == "no_side_effects"), None)
@@ -196,8 +200,7 @@ def run_merge_command(args) -> int:
     """``attnverify merge``: exit 0 when every merged target is certified (or not applicable
     here), 1 when a claimed property failed (after ``--xfails``) or a shard is missing, 2 on
     parts that do not belong together (nothing is written)."""
-    from attnverify import report
-    from attnverify.xfails import load_xfails
+    from attnverify import report  # torch-free: on the parser's path (jobs imports merge)
 
     report.check_outputs(json=args.json_path, markdown=args.markdown_path)
     xfails = load_xfails(args.xfails) if args.xfails else None
@@ -205,14 +208,10 @@ def run_merge_command(args) -> int:
     check_together(parts)
     data = merge_parts(parts)
     if xfails is not None:
-        from attnverify.xfails import check_entries
-
         check_entries(xfails, [f"{t['target']}::{r['property']}" for t in data["targets"]
                                for r in t["results"]])
     code = report.finish_certify(args, data, xfails)
     if data["missing_shards"]:
-        import sys
-
         print(f"merge: incomplete: shard{'s' if len(data['missing_shards']) > 1 else ''} "
               f"{', '.join(data['missing_shards'])} missing; their units are not_checked",
               file=sys.stderr)

@@ -13,12 +13,17 @@ controller, which writes the file.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
+import attnverify
+from attnverify.atomic import check_output_paths
+from attnverify.errors import UsageError
 from attnverify.runconfig import DEFAULT_PROFILE, PROFILE_NAMES, register_profiles
 
 
@@ -27,10 +32,6 @@ def _source_properties() -> None:
     source checkout (``python -m pytest`` in the repository puts the checkout's ``attnverify/``
     ahead of the installed package): the suite then lives in the checkout's ``properties/``,
     which only the install maps into the package (``pyproject.toml``, package-dir)."""
-    import importlib.util
-    import sys
-
-    import attnverify
 
     folder = Path(attnverify.__file__).resolve().parent.parent / "properties"
     spec = importlib.util.spec_from_file_location(
@@ -95,8 +96,8 @@ def pytest_configure(config):
         if not _suite_in_args(config):
             config.args.append(str(SUITE))
     if option(config, "attention"):  # the attention suite (attnverify/attention/suite.py)
-        from attnverify.attention.suite import SUITE as ATTENTION_SUITE
-        from attnverify.attention.suite import validate
+        from attnverify.attention.suite import SUITE as ATTENTION_SUITE  # dispatch: see below
+        from attnverify.attention.suite import validate  # dispatch: a test module, collected
 
         validate(config)
         if str(ATTENTION_SUITE) not in map(str, config.args):
@@ -106,12 +107,11 @@ def pytest_configure(config):
 def _validate(config, target: str) -> None:
     """Bad targets, parameters or claims stop pytest with a one-line usage error (exit 4). The
     targets load in worker processes (the suite's own loading, cached for this process)."""
-    from attnverify.errors import UsageError
+    # torch-free: loaded in every pytest run
     from attnverify.properties.test_properties import _key, _load
 
     try:
         _load(_key(config))
-        from attnverify.atomic import check_output_paths
 
         check_output_paths({"--attnverify-json": option(config, "json"),
                             "--attnverify-markdown": option(config, "markdown")})
@@ -130,8 +130,6 @@ def _suite_in_args(config) -> bool:
 def _suite_ids() -> dict[Path, str]:
     """The suites the plugin brings, each with the path its test ids start with when pytest
     runs outside the tree that holds it (``attnverify/properties/test_properties.py::…``)."""
-    import attnverify  # the attention suite's path without importing it (and torch)
-
     attention = Path(attnverify.__file__).resolve().parent / "attention" / "suite.py"
     return {SUITE.resolve(): "attnverify/properties/test_properties.py",
             attention: "attnverify/attention/suite.py"}
@@ -170,7 +168,9 @@ def pytest_sessionfinish(session, exitstatus):
     json_path, md_path = option(config, "json"), option(config, "markdown")
     if not (json_path or md_path) or not _COLLECTED:
         return
-    from attnverify import remote, report
+    from attnverify import remote, report  # torch-free: loaded in every pytest run
+
+    # torch-free: loaded in every pytest run
     from attnverify.properties.test_properties import certificate_from_records
 
     remote.shutdown()  # no process of the code under test outlives the run's results

@@ -45,7 +45,7 @@ def builtins() -> dict[str, NormalizerSpec]:
     import torch and the built-ins; ``attnverify.normalizers`` imports only
     :mod:`attnverify.spec`, never this module, so there is no cycle.
     """
-    from attnverify.normalizers import BUILTINS
+    from attnverify.normalizers import BUILTINS  # torch-free: the package imports without torch
 
     return dict(BUILTINS)
 

@@ -205,7 +205,7 @@ def _warm_up() -> None:
     """Import, while the zygote imports torch on the other core, what this process imports
     anyway at its first backward pass: ``torch.autograd.grad`` with a cotangent imports
     ``torch.fx.experimental.symbolic_shapes`` (and sympy) on first use."""
-    import torch.fx.experimental.symbolic_shapes  # noqa: F401 - imported for its side effect
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401 - side effect: see above
 
 
 _ZYGOTE = Zygote()

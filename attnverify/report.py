@@ -19,24 +19,26 @@ from typing import Any
 
 import torch
 
+import attnverify
 from attnverify.atomic import check_output_path, check_output_paths, write_text_atomic
+from attnverify.attention.coverage import describe as describe_attention
 from attnverify.certify import TargetResult
 from attnverify.checks.base import Context
+from attnverify.coverage import describe, describe_difference
 from attnverify.errors import UsageError
+from attnverify.registry import builtin_ids
 from attnverify.xfails import apply_xfails
 
 SCHEMA_VERSION = 1
 
 
 def certificate(targets: Iterable[TargetResult], ctx: Context) -> dict[str, Any]:
-    from attnverify import __version__
-
     targets = list(targets)
     shard = getattr(ctx, "shard", None)  # certify --shard K/N: a partial certificate
     isolated = bool(getattr(ctx, "isolation", False))
     return {
         "schema_version": SCHEMA_VERSION,
-        "attnverify_version": __version__,
+        "attnverify_version": attnverify.__version__,
         "torch_version": torch.__version__,
         "device": ctx.device,
         "profile": ctx.profile,
@@ -185,7 +187,6 @@ def kernel_lines(target: dict[str, Any]) -> list[str]:
     """An attention target's ``kernel: …`` line (what it declares it computes) and ``reference
     (float64): …`` line (what it was compared with, who named it, where it ran), with a note
     when a ``--reference`` is not the declared normalizer."""
-    from attnverify.registry import builtin_ids
 
     rec = target["attention"]
     mod = f", score modification {rec['score_mod']}" if rec.get("score_mod") else ""
@@ -221,7 +222,6 @@ def isolation_note(data: dict[str, Any]) -> str:
 def coverage_lines(target: dict[str, Any], *, per_property: bool = False) -> list[str]:
     """``certified for: …`` (``checked for`` unless certified) and ``coverage: …`` (and, with
     ``per_property``, one line per property that covered something else)."""
-    from attnverify.coverage import describe, describe_difference
 
     block = target.get("coverage")
     if not block:
@@ -232,8 +232,6 @@ def coverage_lines(target: dict[str, Any], *, per_property: bool = False) -> lis
         out.append(f"{said}: {target['certified_for']}")
     out.append(f"coverage: {describe(block)}")
     if block.get("attention"):
-        from attnverify.attention.coverage import describe as describe_attention
-
         out.append(f"attention coverage: {describe_attention(block['attention'])}")
     if per_property:
         for prop, diff in (block.get("properties") or {}).items():

@@ -15,16 +15,29 @@ message while the normalizer fails there (or raises), 0 once it holds, 2 for bad
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
-from attnverify.errors import UsageError
+import torch
+
+from attnverify import remote, sequence
+from attnverify.attention.run import lifted_spec
+from attnverify.certify import refusal_text
+from attnverify.checks import PROPERTIES
+from attnverify.checks.base import NormalizerError, Violation, monitor_of, positive_temperature
+from attnverify.checks.cases import CASE_TYPES
+from attnverify.errors import UsageError, WorkerFailed
+from attnverify.expr import parse_inequality
+from attnverify.falsify import FalsifyCase, evaluate
+from attnverify.quantities import QUANTITIES
+from attnverify.registry import load_target, parse_params
+from attnverify.runconfig import PROFILES, make_context
+from attnverify.sequence import attention_case, property_of
 from attnverify.serialize import NON_FINITE, decode_case, decode_tensor, read_case
 
 
 def _params(data: dict[str, Any], text: str | None) -> dict[str, Any]:
-    from attnverify.registry import parse_params
-
     raw = data.get("params") or {}
     if not isinstance(raw, dict):
         raise UsageError("--case: \"params\" must be a JSON object")
@@ -34,12 +47,6 @@ def _params(data: dict[str, Any], text: str | None) -> dict[str, Any]:
 
 
 def run_repro_command(args) -> int:
-    from attnverify import remote
-    from attnverify.checks.base import positive_temperature
-    from attnverify.errors import WorkerFailed
-    from attnverify.registry import load_target
-    from attnverify.runconfig import PROFILES, make_context
-
     if (args.property is None) == (args.inequality is None):
         raise UsageError("repro needs exactly one of --property ID or --inequality \"LHS <= RHS\"")
     attention = bool(getattr(args, "attention", False))
@@ -78,9 +85,6 @@ def run_repro_command(args) -> int:
 
 
 def _property_id(prop_id: str, attention: bool = False) -> None:
-    from attnverify.checks import PROPERTIES
-    from attnverify.sequence import property_of
-
     if (property_of(prop_id) if attention else PROPERTIES.get(prop_id)) is None:
         raise UsageError(f"unknown property id {prop_id!r}: run 'attnverify properties' for "
                          "the list")
@@ -89,8 +93,6 @@ def _property_id(prop_id: str, attention: bool = False) -> None:
 def _case(data: dict[str, Any], prop_id: str, attention: bool):
     """The case to re-check, decoded before any worker starts: an attention case
     (``"case": "AttnCase"``) from its recipe, any other from its fields."""
-    from attnverify.checks.cases import CASE_TYPES
-    from attnverify.sequence import attention_case
 
     if attention and data.get("case") == "AttnCase":
         if not isinstance(data.get("recipe"), dict):
@@ -102,10 +104,6 @@ def _case(data: dict[str, Any], prop_id: str, attention: bool):
 def attention_spec(target: str, params: dict[str, Any], ctx, reference: str | None):
     """The attention kernel ``target`` in a worker of its own, lifted to a normalizer as
     certify --attention checks it (both kinds of property take it)."""
-    import dataclasses
-
-    from attnverify import remote
-    from attnverify.attention.run import lifted_spec
 
     a = remote.open_attention(target, params or None, ctx)
     if reference:
@@ -116,17 +114,11 @@ def attention_spec(target: str, params: dict[str, Any], ctx, reference: str | No
 def _sequence(data: dict[str, Any]) -> list:
     """The earlier calls the case needs (``"sequence"``, :mod:`attnverify.sequence`), checked
     before any worker starts."""
-    from attnverify import sequence
-    from attnverify.checks.cases import CASE_TYPES
 
     return sequence.decode(data.get("sequence"), CASE_TYPES)
 
 
 def _property(target: str, spec, prop_id: str, case, ctx, steps=()) -> int:
-    from attnverify import sequence
-    from attnverify.certify import refusal_text
-    from attnverify.checks.base import NormalizerError, Violation, monitor_of
-
     label = f"{target}::{prop_id}"
     if steps:  # in this one worker, started for this repro: the state the case needs
         names = ", ".join(dict.fromkeys(s.property for s in steps))
@@ -151,12 +143,6 @@ def _property(target: str, spec, prop_id: str, case, ctx, steps=()) -> int:
 
 
 def _inequality(target: str, spec, text: str, data: dict[str, Any], params) -> int:
-    import torch
-
-    from attnverify.expr import parse_inequality
-    from attnverify.falsify import FalsifyCase, evaluate
-    from attnverify.quantities import QUANTITIES
-
     ineq = parse_inequality(text, QUANTITIES)
     if "scores" not in data:
         raise UsageError("--case: no \"scores\"")

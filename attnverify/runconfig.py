@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import secrets
+from dataclasses import dataclass
 from functools import cache
 
 from attnverify.errors import UsageError
@@ -69,16 +71,14 @@ def __getattr__(name: str):
 
 @cache
 def _dtypes() -> dict:
-    import torch
+    import torch  # torch-free: on the parser's path
 
     return {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 @cache
 def _run_context() -> type:
-    from dataclasses import dataclass
-
-    from attnverify.checks.base import Context
+    from attnverify.checks.base import Context  # torch-free: on the parser's path
 
     @dataclass(frozen=True)
     class RunContext(Context):
@@ -106,7 +106,7 @@ def _run_context() -> type:
 @cache
 def register_profiles() -> None:
     """Register every profile with Hypothesis as ``attnverify-<name>`` (idempotent)."""
-    from hypothesis import HealthCheck, Verbosity, settings
+    from hypothesis import HealthCheck, Verbosity, settings  # torch-free: on the parser's path
 
     base = dict(deadline=None, database=None, report_multiple_bugs=False,
                 suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
@@ -129,7 +129,7 @@ def seeded_generation():
     cleared on the way in and out); Hypothesis's own global constants stay. Without the internal
     this relies on (another Hypothesis release), nothing is changed."""
     try:
-        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.conjecture import providers  # torch-free: on the parser's path
     except ImportError:  # pragma: no cover - a Hypothesis without providers
         yield
         return
@@ -161,7 +161,7 @@ def hypothesis_settings(ctx, max_examples: int | None = None, *, phases=None):
     """The settings every search runs under: the profile's registered settings with the
     context's example budget (or ``max_examples``) and ``phases`` (default generate, target,
     shrink)."""
-    from hypothesis import Phase, settings
+    from hypothesis import Phase, settings  # torch-free: on the parser's path
 
     register_profiles()
     profile = ctx.profile if ctx.profile in PROFILES else DEFAULT_PROFILE
@@ -197,8 +197,6 @@ def make_context(
         timeout_s = check_timeout(timeout)
     seed_source = "fixed"
     if isinstance(seed, str) and seed.strip().lower() == RANDOM_SEED:
-        import secrets
-
         seed, seed_source = secrets.randbits(64), "random"
     if max_length is not None:
         limits["max_length"] = check_max_length(max_length)
@@ -308,7 +306,7 @@ def parse_dtypes(text: str | None) -> tuple:
 def check_device(device: str) -> str:
     if device not in DEVICES:
         raise UsageError(f"unknown device {device!r}: expected cpu or cuda")
-    import torch
+    import torch  # torch-free: on the parser's path
 
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda was asked for, but torch sees no CUDA device")
@@ -323,3 +321,19 @@ def isolation_default() -> bool:
     if raw in ("0", "off", "false", "no"):
         return False
     raise UsageError(f"{ISOLATION_ENV}={raw!r}: expected 1/on or 0/off")
+
+
+#: ``falsify --workers``: at most this many search processes.
+MAX_WORKERS = 64
+
+
+def check_workers(value: object) -> int:
+    """``--workers N``: 1 to :data:`MAX_WORKERS`."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isascii() or not text.isdigit() or len(text) > 6:
+        raise UsageError(f"--workers expects a whole number from 1 to {MAX_WORKERS}, "
+                         f"got {str(value)[:40]!r}")
+    n = int(text)
+    if not 1 <= n <= MAX_WORKERS:
+        raise UsageError(f"--workers must be between 1 and {MAX_WORKERS}, got {n}")
+    return n

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from attnverify.atomic import write_text_atomic
 from attnverify.errors import UsageError
 
 #: Tensors with at most this many entries are written as nested lists, larger ones as bytes.
@@ -218,7 +219,7 @@ def _decode_field(name: str, value: Any, data: dict[str, Any]) -> Any:
 
 def _layout(value: Any, data: dict[str, Any]):
     """The case's layout, checked against its scores (a usage error naming what is wrong)."""
-    from attnverify.strategies.layouts import Layout
+    from attnverify.strategies.layouts import Layout  # heavy: Hypothesis, only a layout
 
     try:
         layout = Layout.from_json(value)
@@ -288,8 +289,6 @@ def repro_command(target: str, case: dict[str, Any], *, property: str | None = N
 
 
 def _write_case_file(text: str) -> Path:
-    from attnverify.atomic import write_text_atomic
-
     digest = hashlib.sha1(text.encode()).hexdigest()[:16]
     path = Path(tempfile.gettempdir()) / "attnverify-repro" / f"case-{digest}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

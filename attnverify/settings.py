@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 
+from attnverify import sandbox
 from attnverify.errors import UsageError
 
 #: Kernel instruction-set levels, as ``_fused.c`` numbers them.
@@ -59,8 +60,6 @@ def fused_isa() -> int:
 def sandbox_enabled() -> bool:
     """Whether the workers sandbox themselves (``ATTNVERIFY_SANDBOX``, default on)."""
     if "sandbox" not in _cache:
-        from attnverify import sandbox
-
         try:
             _cache["sandbox"] = sandbox.wanted()
         except ValueError as exc:

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 from attnverify.errors import UsageError
+from attnverify.shard_costs import BY_PROPERTY, BY_UNIT
 
 #: Most shards a run may be split into.
 MAX_SHARDS = 10_000
@@ -105,7 +106,6 @@ def cost(uid: str) -> float:
     """Seconds the unit took in the ci profile (:mod:`attnverify.shard_costs`), else the
     property's median over the built-ins at that dtype, else over every dtype, else
     :data:`DEFAULT_COST`."""
-    from attnverify.shard_costs import BY_PROPERTY, BY_UNIT
 
     target, prop, dtype, _device = uid.split("::")
     key = f"{target}::{prop}::{dtype}"

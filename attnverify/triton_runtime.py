@@ -79,7 +79,7 @@ def _gpu_visible() -> bool:
     initialising it."""
     torch = sys.modules.get("torch")
     if torch is None:
-        import torch
+        import torch  # torch-free: on the parser's path
     try:
         return bool(torch.cuda.is_available())
     except Exception:  # noqa: BLE001 - a broken driver: nothing to compile for

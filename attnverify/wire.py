@@ -22,13 +22,18 @@ module of the checker, and the checker (:mod:`attnverify.remote`) uses the same 
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import json
 import math
 import mmap
 import os
+import select
 import socket
 import struct
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,8 +137,6 @@ def _read_exact(sock: socket.socket, n: int, fds: list | None = None,
     however the bytes trickle in (a peer sending one byte at a time gains no time). ``text``:
     each chunk is checked as it arrives (only the bytes :func:`dump` writes), so a frame whose
     body cannot be a message fails at once instead of waiting for the rest of it."""
-    import select
-    import time
 
     chunks, got = [], 0
     while got < n:
@@ -186,8 +189,7 @@ def _memfd(size: int) -> int:
         os.ftruncate(fd, size)
         _seal(fd)
         return fd
-    import tempfile  # no memfd (not Linux): an unlinked temporary file
-
+    # no memfd (not Linux): an unlinked temporary file
     fd, path = tempfile.mkstemp(prefix="attnverify-arena-")
     os.unlink(path)
     os.set_inheritable(fd, False)
@@ -196,8 +198,6 @@ def _memfd(size: int) -> int:
 
 
 def _seal(fd: int) -> None:
-    import fcntl
-
     seals = sum(getattr(fcntl, name, 0) for name in ("F_SEAL_SHRINK", "F_SEAL_GROW",
                                                       "F_SEAL_SEAL"))
     if seals and hasattr(fcntl, "F_ADD_SEALS"):
@@ -265,8 +265,6 @@ def _map(fd: int, size: int):
     not hold the descriptor; ``drop()`` frees the file's pages (``MADV_REMOVE``), ``None`` where
     that is not available."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
@@ -369,7 +367,7 @@ def dtype_name(dtype) -> str:
 
 
 def torch_dtype(name: str):
-    import torch
+    import torch  # torch-free: the zygote imports wire first
 
     return getattr(torch, name)
 
@@ -395,7 +393,7 @@ class Layout:
 
 def view_of(arena: Arena, slot: Slot, elements: int | None = None):
     """A tensor over the arena's bytes of ``slot``: 1-D, ``elements`` long (default all)."""
-    import torch
+    import torch  # torch-free: the zygote imports wire first
 
     count = slot.elements if elements is None else elements
     if count == 0:
@@ -406,7 +404,7 @@ def view_of(arena: Arena, slot: Slot, elements: int | None = None):
 
 def write_tensor(arena: Arena, layout: Layout, t, device: str | None = None) -> Slot:
     """Copy ``t``'s storage span into the arena; the slot rebuilds the same view."""
-    import torch
+    import torch  # torch-free: the zygote imports wire first
 
     t = t.detach()
     elements = span_elements(t)
@@ -439,7 +437,7 @@ def read_tensor(arena: Arena, slot: Slot, *, fresh: bool = True):
     """The tensor ``slot`` describes (the same sizes, strides and storage offset), on
     ``slot.device``: in new storage of its own (``fresh``), or, on the CPU, a view of the
     arena's own bytes (no copy: what is written into it is what the other side reads)."""
-    import torch
+    import torch  # torch-free: the zygote imports wire first
 
     dtype = torch_dtype(slot.dtype)
     if not fresh and slot.device == "cpu":

@@ -37,20 +37,31 @@ worker leaves behind is reparented to it and killed.
 
 from __future__ import annotations
 
+import bisect
+import builtins
 import collections
+import dataclasses
 import gc
+import hashlib
 import inspect
 import itertools
 import operator
 import os
+import select
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
+import traceback
 import warnings
 from typing import Any
 
-from attnverify import triton_runtime, wire
+from attnverify import sandbox, settings, triton_runtime, wire
+from attnverify.errors import TargetImportFailed, UsageError, check_not_shadowed
+from attnverify.registry import load_target
+from attnverify.spec import NormalizerSpec, normalizer_spec
 
 #: Distinct warnings of the target's calls a worker reports over its life.
 MAX_WARNINGS = 20
@@ -89,7 +100,6 @@ def user_traceback(exc: BaseException) -> list[str]:
     frames of attnverify itself (and of the import machinery) left out: the user's own frames
     and whatever they called; ``[]`` when no frame is left. The last lines only, each made
     printable (a control character becomes a space) and cut short."""
-    import traceback
 
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if not os.path.abspath(f.filename).startswith(_ATTNVERIFY_DIR)
@@ -134,8 +144,8 @@ _MISSING = object()
 
 def _watched_functions():
     """The torch callables this module relies on, by name, with the objects they are now."""
-    import torch
-    import torch.func
+    import torch  # worker: torch loads in the zygote, after this
+    import torch.func  # worker: torch loads in the zygote, after this
 
     owners = {
         "torch": (torch, ("empty", "as_strided", "frombuffer", "is_grad_enabled",
@@ -159,7 +169,7 @@ def _watched_functions():
 
 def _flags():
     """The global flags a call must leave unchanged: ``[(name, get, set)]``."""
-    import torch
+    import torch  # worker: torch loads in the zygote, after this
 
     cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
     flags = [
@@ -185,7 +195,7 @@ def _flags():
 
 
 def _set_cudnn(deterministic, benchmark, tf32) -> None:
-    import torch
+    import torch  # worker: torch loads in the zygote, after this
 
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = benchmark
@@ -196,7 +206,7 @@ def _more_flags():
     """Flags that change which algorithm or rounding later calls get (matmul reductions, SDPA
     backends, oneDNN, flush-to-zero), the global random generator (reseeded or drawn from) and
     the fast path of ``nn.MultiheadAttention``: ``[(name, get, set)]``, those this torch has."""
-    import torch
+    import torch  # worker: torch loads in the zygote, after this
 
     out = []
     matmul = torch.backends.cuda.matmul
@@ -246,18 +256,16 @@ class _RngState:
 
     @classmethod
     def now(cls) -> _RngState:
-        import torch
+        import torch  # worker: torch loads in the zygote, after this
 
         return cls(torch.get_rng_state())
 
     def __eq__(self, other) -> bool:
-        import torch
+        import torch  # worker: torch loads in the zygote, after this
 
         return isinstance(other, _RngState) and torch.equal(self.state, other.state)
 
     def __str__(self) -> str:
-        import hashlib
-
         return f"state {hashlib.sha1(self.state.numpy().tobytes()).hexdigest()[:8]}"
 
 
@@ -266,12 +274,11 @@ def _namespaces():
     modules a normalizer or attention kernel is written with, ``torch.Tensor`` and its base,
     and ``builtins``. ``[(label, owner, {name: object})]``, public names (no ``_`` prefix) as
     they are now; names added later are not changes."""
-    import builtins
 
-    import torch
-    import torch.func
-    import torch.nn.functional
-    import torch.special
+    import torch  # worker: torch loads in the zygote, after this
+    import torch.func  # worker: torch loads in the zygote, after this
+    import torch.nn.functional  # worker: torch loads in the zygote, after this
+    import torch.special  # worker: torch loads in the zygote, after this
 
     owners = [("torch", torch), ("torch.nn.functional", torch.nn.functional),
               ("torch.linalg", torch.linalg), ("torch.special", torch.special),
@@ -307,7 +314,7 @@ def _version_reader(dicts: list):
     if sys.implementation.name != "cpython" or not (3, 11) <= sys.version_info[:2] <= (3, 13):
         return None
     try:
-        import ctypes
+        import ctypes  # optional dependency: ctypes (absent on some builds)
 
         offset = 2 * ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
 
@@ -374,7 +381,7 @@ class StateGuard:
         self.versions = _version_reader(list(dicts.values()))
         #: Public names of ``torch.Tensor``'s bases: a binding of one in ``torch.Tensor``
         #: itself shadows a method (a patch), where another new name is only an addition.
-        import torch
+        import torch  # worker: torch loads in the zygote, after this
 
         self.shadowable = {name for base in torch.Tensor.__mro__[1:]
                            for name in vars(base) if not name.startswith("_")}
@@ -518,16 +525,14 @@ class Server:
         if kind not in ("normalizer", "attention") or not isinstance(target, str) or \
                 not isinstance(params, dict):
             raise wire.ProtocolError("a load request without kind, target or params")
-        from attnverify.errors import check_not_shadowed
 
         check_not_shadowed()  # a folder named attnverify in place of the package: exit 2
         triton = triton_runtime.prepare()  # before the target's import: it decides jit's kind
         before = set(sys.modules)
         if kind == "normalizer":
-            from attnverify.registry import load_target
-
             self.spec = load_target(target, params)
         else:
+            # worker: brings torch, loaded late
             from attnverify.attention.loader import load_attention
 
             self.spec = load_attention(target, params)
@@ -536,8 +541,6 @@ class Server:
         return self.describe()
 
     def describe(self) -> dict:
-        import dataclasses
-
         spec, out = self.spec, {"kind": self.kind}
         for f in dataclasses.fields(spec):
             if f.name in ("fn", "kernel", "reference", "param_checks"):
@@ -561,9 +564,8 @@ class Server:
     def _describe_reference(self):
         """How the checker evaluates the target's reference: an attnverify formula or built-in
         (in the checker), or the target's own (here, in the worker)."""
-        from attnverify.normalizers import BUILTINS
-        from attnverify.normalizers.reference import REFERENCES
-        from attnverify.spec import NormalizerSpec, normalizer_spec
+        from attnverify.normalizers import BUILTINS  # worker: brings torch, loaded late
+        from attnverify.normalizers.reference import REFERENCES  # worker: as above
 
         spec = self.spec
         ref = spec.reference
@@ -578,8 +580,6 @@ class Server:
             if ref is builtin or ref is builtin.fn:
                 return {"kind": "builtin", "name": name}
         if isinstance(ref, str):
-            from attnverify.registry import load_target
-
             resolved = load_target(ref)
         elif isinstance(ref, NormalizerSpec):
             resolved = ref
@@ -609,7 +609,7 @@ class Server:
     def handle(self, message: dict, tensors: list) -> tuple[dict, list]:
         """Answer one request on ``tensors`` (fresh storage): ``(reply, outputs)``; the outputs
         are accepted tensors in the order of ``message["expect"]``."""
-        import torch
+        import torch  # worker: torch loads in the zygote, after this
 
         op = message.get("op")
         fn = self.function(message.get("fn", "target"))
@@ -647,7 +647,7 @@ class Server:
         return reply, outputs
 
     def _guarded(self, effects: list[str], grad: bool, call):
-        import torch
+        import torch  # worker: torch loads in the zygote, after this
 
         torch.set_grad_enabled(grad)
         with warnings.catch_warnings(record=True) as caught:
@@ -675,7 +675,7 @@ class Server:
                 self.warned.append(text)
 
     def _call(self, fn, args, kwargs, tensors, message, grad_mode, effects):
-        import torch
+        import torch  # worker: torch loads in the zygote, after this
 
         wants = [bool(g) for g in message.get("grad", [])]
         if len(wants) != len(tensors):
@@ -692,7 +692,7 @@ class Server:
     def _calls(self, fn, tensors, message, effects):
         """Several calls in one request, in order, each on its own inputs (no grad); the
         ``index`` of a call that raises or is refused goes back with the error."""
-        import torch
+        import torch  # worker: torch loads in the zygote, after this
 
         calls, expect = message.get("calls"), message.get("expect")
         if not isinstance(calls, list) or not isinstance(expect, list) or \
@@ -773,7 +773,6 @@ class Server:
         return out, [tensors[i] for i in wrt]
 
     def _vjp(self, fn, args, kwargs, tensors, message, effects):
-
         out, wrt = self._graph(fn, args, kwargs, tensors, message, effects)
         cotangent = tensors[_index(message.get("cotangent"), len(tensors))]
         create = bool(message.get("create_graph", False))
@@ -800,7 +799,7 @@ class Server:
         return self.accept(list(self._guarded(effects, True, second)), message, tensors)
 
     def _jvp(self, fn, args, kwargs, tensors, message, effects):
-        import torch.func
+        import torch.func  # worker: torch loads in the zygote, after this
 
         wrt = _indices(message.get("wrt"), len(tensors))
         tangents = [tensors[i] for i in _indices(message.get("tangents"), len(tensors))]
@@ -826,7 +825,7 @@ class Server:
         floating dtype, device) and, with ``alias`` (the results of a call, not derivatives, which
         autograd may pass through), against sharing storage with an input or an earlier result;
         :class:`Border` when refused."""
-        import torch
+        import torch  # worker: torch loads in the zygote, after this
 
         expect = message.get("expect")
         if not isinstance(expect, list) or len(expect) != len(outputs):
@@ -884,8 +883,6 @@ class _Recent:
         self.starts: list = []  # sorted (device type, device index, start, end)
 
     def append(self, group) -> None:
-        import bisect
-
         ranges = [r for r in (_storage_range(t) for t in group) if r is not None]
         size = sum(r[3] - r[2] for r in ranges)
         self.groups.append((group, size, ranges))
@@ -901,8 +898,6 @@ class _Recent:
                     del self.starts[i]
 
     def overlaps(self, r) -> bool:
-        import bisect
-
         if r is None:
             return False
         i = bisect.bisect_right(self.starts, (r[0], r[1], r[2], float("inf")))
@@ -913,7 +908,7 @@ class _Recent:
 
 
 def _check_plain(out, what: str) -> None:
-    import torch
+    import torch  # worker: torch loads in the zygote, after this
 
     if type(out) is not torch.Tensor:
         kind = type(out)
@@ -963,7 +958,7 @@ def _overlap(a, b) -> bool:
 
 
 def _grad(out, wrt, cotangent, create: bool):
-    import torch
+    import torch  # worker: torch loads in the zygote, after this
 
     outs = out if isinstance(out, (list, tuple)) else [out]
     cots = cotangent if isinstance(cotangent, (list, tuple)) else [cotangent]
@@ -1027,7 +1022,6 @@ def _signature(fn, params: dict | None = None) -> dict:
     """What ``fn`` takes by keyword beside ``scores`` and ``dim`` (``accepts``, ``var_keywords``)
     and, in ``contract``, why the call :data:`CONTRACT` with ``params`` cannot bind to it (``""``:
     it can, or ``fn`` has no signature to read, as functions written in C: not judged here)."""
-    import inspect
 
     try:
         sig = inspect.signature(fn)
@@ -1109,7 +1103,6 @@ def serve(sock: socket.socket) -> None:
 def _is_usage(exc: BaseException) -> bool:
     """Bad input (a target that cannot be found, a bad parameter), not the target's own code
     raising at import (:class:`~attnverify.errors.TargetImportFailed`: a failure of that target)."""
-    from attnverify.errors import TargetImportFailed, UsageError
 
     return isinstance(exc, UsageError) and not isinstance(exc, TargetImportFailed)
 
@@ -1142,7 +1135,7 @@ def _answer(server: Server, arena, message: dict) -> dict:
 def _return_inputs(arena, slots, tensors) -> None:
     """Inputs that were copied to another device written back to their slots, so the checker
     sees what the call left in them (CPU inputs are the arena's bytes already)."""
-    import torch
+    import torch  # worker: torch loads in the zygote, after this
 
     for slot, t in zip(slots, tensors):
         if slot.device != "cpu" and slot.elements:
@@ -1164,7 +1157,7 @@ PRELOAD = ("torch", "torch.func", "attnverify.registry", "attnverify.normalizers
 
 def _prctl(option: int, value: int) -> None:
     try:
-        import ctypes
+        import ctypes  # optional dependency: ctypes (absent on some builds)
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(option, value, 0, 0, 0)
@@ -1186,7 +1179,6 @@ def zygote_main(ctrl_fd: int) -> None:
     workers: dict[int, int | None] = {}
     scratches.clear()
     wire.send(ctrl, {"ok": True, "pid": os.getpid()})
-    import select
 
     while True:
         _reap(workers)
@@ -1326,7 +1318,6 @@ scratches: dict[int, str] = {}
 
 def _scratch_dir() -> str:
     """A new private temporary directory for the next worker (``""`` where none can be made)."""
-    import tempfile
 
     try:
         return tempfile.mkdtemp(prefix="attnverify-worker-")
@@ -1337,15 +1328,12 @@ def _scratch_dir() -> str:
 def _drop_scratch(pid: int) -> None:
     path = scratches.pop(pid, "")
     if path:
-        import shutil
-
         shutil.rmtree(path, ignore_errors=True)
 
 
 def _read_status(fd: int, wait: float = 30.0) -> str:
     """What the new worker wrote of its sandbox before it loaded anything (a short phrase), read
     to the end of the pipe; the zygote passes it on with the fork's answer."""
-    import select
 
     data, deadline = b"", time.monotonic() + wait
     try:
@@ -1400,7 +1388,6 @@ def _become_worker(chan_fd: int, message: dict, ctrl_fd: int, scratch: str = "",
         os.closerange(chan_fd + 1, top)
         if message.get("memory_limit"):
             _limit_memory()
-        from attnverify import settings
 
         settings.reload()
         serve(socket.socket(fileno=chan_fd))
@@ -1415,9 +1402,6 @@ def _sandbox(wanted: bool, scratch: str) -> str:
         return "off: ATTNVERIFY_SANDBOX=0"
     if not scratch:
         return "none: no private temporary directory could be made"
-    import tempfile
-
-    from attnverify import sandbox
 
     sandbox.private_caches(os.environ, scratch)
     allowed = sandbox.user_writable(os.environ)
@@ -1431,7 +1415,7 @@ def _limit_memory() -> None:
     """``RLIMIT_AS`` at the worker's size now plus half the physical memory: a runaway
     allocation is an error answer (or a killed worker), not the machine's out-of-memory killer."""
     try:
-        import resource
+        import resource  # optional dependency: resource (Unix only)
 
         with open("/proc/self/statm") as fh:
             size = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")

@@ -23,7 +23,7 @@ def __getattr__(name: str):
     :mod:`.spec` imports torch, which a command that loads no attention target need not wait for
     before it starts its worker processes (:mod:`attnverify.prestart`)."""
     if name in ("AttentionSpec", "attention_spec"):
-        from attnverify.attention import spec
+        from attnverify.attention import spec  # torch-free: as the package
 
         return getattr(spec, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -31,6 +31,6 @@ def __getattr__(name: str):
 
 def load_attention(target, params=None):
     """Resolve an attention target string (see :mod:`attnverify.attention.loader`)."""
-    from attnverify.attention.loader import load_attention as load
+    from attnverify.attention.loader import load_attention as load  # torch-free: as the package
 
     return load(target, params)

@@ -64,6 +64,7 @@ from typing import Any, NamedTuple
 import torch
 from hypothesis import strategies as st
 
+from attnverify.attention.reference import allowed_and_bias
 from attnverify.strategies import domain
 
 QK_KINDS = ("gaussian", "aligned", "duplicates", "mixed_norms")
@@ -517,7 +518,6 @@ def recipe(**over) -> dict[str, Any]:
 
 def has_dead_rows(case: AttnCase) -> bool:
     """A query of ``case`` sees no key (under its mask and causal triangle)."""
-    from attnverify.attention.reference import allowed_and_bias
 
     q, k = case.q, case.k
     allowed, bias = allowed_and_bias(case.attn_mask, case.is_causal, q.shape[-2], k.shape[-2],

@@ -13,8 +13,10 @@ import math
 import torch
 
 from attnverify.attention import mods, tolerance
-from attnverify.attention.reference import F64, allowed_and_bias, eager, expand_heads
+from attnverify.attention.loader import load_attention
+from attnverify.attention.reference import F64, allowed_and_bias, eager, expand_heads, scores_of
 from attnverify.checks.base import NormalizerError, Violation, describe_dtype
+from attnverify.registry import builtins
 from attnverify.tolerances import tol_for
 
 NEG_INF = float("-inf")
@@ -67,8 +69,6 @@ def reference(a, q, k, v, mask=None, causal=False, scale=None, gqa=False) -> tor
 @functools.cache
 def _reference_target(name: str):
     """The attention spec ``name`` names, or ``None`` when it is a normalizer id."""
-    from attnverify.attention.loader import load_attention
-    from attnverify.registry import builtins
 
     return None if name in builtins() else load_attention(name)
 
@@ -95,8 +95,6 @@ def _modified(a, mask) -> bool:
 
 
 def _final_scores(a, q, k_full, mask, scale) -> torch.Tensor:
-    from attnverify.attention.reference import scores_of
-
     s = scores_of(q, k_full, scale, score_mod=a.score_mod, mod_params=_mod_params(a))
     if isinstance(mask, torch.Tensor) and mask.dtype != torch.bool:
         s = s + mask.to(F64)

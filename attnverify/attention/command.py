@@ -1,23 +1,26 @@
-"""The ``--attention`` option of ``attnverify certify`` (and ``--reference`` for it).
+"""The runner of ``attnverify certify --attention`` (the option itself:
+:mod:`attnverify.commands`).
 
 ``attnverify certify --attention sdpa,flex [--reference REF] [--claims …] [--profile …] …``
 certifies attention kernels; every other option means what it means for normalizers. Positional
-TARGETs given with ``--attention`` are attention targets too.
+TARGETs given with ``--attention`` are attention targets too. :mod:`attnverify.commands` imports
+this module when the command is dispatched.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--attention", default=None, metavar="TARGET[,TARGET]",
-                   help="certify attention kernels with SDPA's signature f(q, k, v, attn_mask, "
-                   "is_causal, scale): built-in ids (attnverify list), module:attr, file.py:attr")
-    if "--reference" not in p._option_string_actions:
-        p.add_argument("--reference", default=None, metavar="REF",
-                       help="compare with REF: a normalizer id, or (with --attention) an "
-                       "attention target")
+from attnverify import remote, report
+from attnverify.attention.loader import load_attention
+from attnverify.attention.run import certify_attention, progress_line, resolve_claims, units_of
+from attnverify.certify import TargetResult
+from attnverify.errors import UsageError
+from attnverify.isolation import close, open_targets
+from attnverify.registry import builtins, parse_params
+from attnverify.runconfig import context_from_args
+from attnverify.shard import check_options, make_shard
+from attnverify.xfails import load_xfails
 
 
 def split(text: str | None) -> list[str]:
@@ -25,43 +28,22 @@ def split(text: str | None) -> list[str]:
 
 
 def run_certify(args) -> int:
-    from attnverify import report
-    from attnverify.errors import UsageError
-    from attnverify.registry import parse_params
-    from attnverify.xfails import load_xfails
-
     targets = split(args.attention) + list(args.targets or [])
     if not targets:
         raise UsageError("--attention needs at least one target (see 'attnverify list')")
-    from attnverify.runconfig import context_from_args
-
     ctx = context_from_args(args)
     report.check_outputs(json=args.json_path, markdown=args.markdown_path)
     params = parse_params(args.params)
     claims = None if args.claims is None else split(args.claims)
     xfails = load_xfails(args.xfails) if args.xfails else None
-    from attnverify.shard import check_options
-
     args.shard_spec = check_options(getattr(args, "shard", None), ctx, xfails=args.xfails)
     try:
         return _certify_opened(args, targets, params, claims, ctx, xfails)
     finally:
-        from attnverify import remote
-
         remote.shutdown()
 
 
 def _certify_opened(args, targets, params, claims, ctx, xfails) -> int:
-    import dataclasses
-
-    from attnverify import report
-    from attnverify.attention.loader import load_attention
-    from attnverify.attention.run import certify_attention, progress_line, resolve_claims
-    from attnverify.certify import TargetResult
-    from attnverify.errors import UsageError
-    from attnverify.isolation import close, open_targets
-    from attnverify.registry import builtins
-
     opened = open_targets(targets, params, ctx, attention=True)
     specs = [spec for _, spec, _ in opened]
     ref = getattr(args, "reference", None)
@@ -78,9 +60,6 @@ def _certify_opened(args, targets, params, claims, ctx, xfails) -> int:
         if spec is not None:
             resolve_claims(spec, claims)
     if args.shard_spec is not None:  # certify --shard K/N: this shard's units of every kernel
-        from attnverify.attention.run import units_of
-        from attnverify.shard import make_shard
-
         units = [u for (label, _, _), spec in zip(opened, specs) if spec is not None
                  for u in units_of(spec, claims, ctx, label)]
         ctx = dataclasses.replace(ctx, shard=make_shard(*args.shard_spec, units))
@@ -93,7 +72,5 @@ def _certify_opened(args, targets, params, claims, ctx, xfails) -> int:
             continue
         results.append(certify_attention(spec, claims, ctx, label=label, progress=progress))
         close(spec)
-    from attnverify import remote
-
     remote.shutdown()  # no process of the code under test outlives the run's results
     return report.finish_certify(args, report.certificate(results, ctx), xfails)

@@ -30,7 +30,7 @@ SHAPE_TEXT = {"full": "[B, H, L_q, L_k]", "batch": "[B, 1, L_q, L_k]",
 
 def mask_words(recipe: dict[str, Any]) -> str:
     """How a recipe's mask is given, in words."""
-    from attnverify.attention.cases import mask_form
+    from attnverify.attention.cases import mask_form  # torch-free: merge reads coverage
 
     kind = recipe.get("mask", "none")
     if kind in ("none", "causal"):
@@ -51,7 +51,7 @@ class AttentionCoverage:
         self.unequal_dims = 0
 
     def add(self, case) -> None:
-        from attnverify.attention.cases import has_dead_rows
+        from attnverify.attention.cases import has_dead_rows  # torch-free: merge reads coverage
 
         q, k, v = case.q, case.k, case.v
         r = getattr(case, "recipe", None) or {}

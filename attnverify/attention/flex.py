@@ -19,6 +19,9 @@ import functools
 import math
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attnverify.attention.mods import alibi_slopes
 
 NEG_INF = float("-inf")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -41,7 +44,7 @@ GQA_GROUP = 4
 
 def unavailable() -> str:
     try:
-        from torch.nn.attention import flex_attention  # noqa: F401
+        from torch.nn.attention import flex_attention  # noqa: F401 - optional dependency: torch 2.5+
     except ImportError as exc:
         return f"torch {torch.__version__} has no FlexAttention ({exc})"
     return ""
@@ -49,7 +52,6 @@ def unavailable() -> str:
 
 def flash_unavailable() -> str:
     """Why SDPA's flash backend cannot run here, or ``""`` (probed once on a tiny input)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     q = torch.zeros(1, 1, 2, 8)
     try:
@@ -61,7 +63,7 @@ def flash_unavailable() -> str:
 
 
 def _raise_recompile_limit() -> None:
-    import torch._dynamo
+    import torch._dynamo  # heavy: torch._dynamo, only a flex call
 
     config = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):
@@ -70,6 +72,7 @@ def _raise_recompile_limit() -> None:
 
 
 def _flex_call(q, k, v, bias, slopes, scale, mod: str, window: int, cap: float, gqa: bool):
+    # heavy: torch._dynamo, only a flex call
     from torch.nn.attention.flex_attention import flex_attention
 
     def score_mod(s, b, h, i, j):
@@ -159,7 +162,7 @@ def _pad_group(t: torch.Tensor, group: int, bucket: int) -> torch.Tensor:
 def _mark_dynamic(q, k, v, bias) -> None:
     """Queries and keys dynamic from the first compile (``maybe_``: no error where torch
     specialises one anyway)."""
-    import torch._dynamo
+    import torch._dynamo  # heavy: torch._dynamo, only a flex call
 
     for t, dims in ((q, (2,)), (k, (2,)), (v, (2,)), (bias, (2, 3))):
         for dim in dims:
@@ -188,8 +191,6 @@ def flex(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
     kv_chunk = GQA_KV_HEADS if group > 1 else HEADS
     slopes = torch.zeros(b * heads, dtype=torch.float32, device=q.device)
     if mod == "alibi":
-        from attnverify.attention.mods import alibi_slopes
-
         slopes = alibi_slopes(heads, dtype=torch.float32, device=q.device).repeat(b)
     bias = _fold(_bias(attn_mask, is_causal, q, k, l_q, l_k))
     qf, bias, slopes = (_pad_group(t, group, bucket) for t in
@@ -222,6 +223,7 @@ def flex(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
 
 
 def _direct_call(q, k, v, bias, scale, gqa: bool):
+    # heavy: torch._dynamo, only a flex call
     from torch.nn.attention.flex_attention import flex_attention
 
     def score_mod(s, b, h, i, j):

@@ -24,10 +24,12 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnverify.attention import flex, mods
 from attnverify.attention.reference import eager
 from attnverify.attention.spec import ALL_DTYPES, AttentionSpec
+from attnverify.registry import builtins as normalizers
 
 
 def sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
@@ -37,8 +39,6 @@ def sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False)
 
 
 def _backend(name: str):
-    from torch.nn.attention import SDPBackend
-
     return getattr(SDPBackend, name)
 
 
@@ -46,8 +46,6 @@ def sdpa_backend(backend: str):
     """SDPA restricted to one backend (``MATH``, ``FLASH_ATTENTION``, …)."""
 
     def run(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
-        from torch.nn.attention import sdpa_kernel
-
         with sdpa_kernel([_backend(backend)]):
             return sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa)
 
@@ -77,7 +75,6 @@ def eager_normalizer(normalizer: str):
 @functools.cache
 def builtins() -> dict[str, AttentionSpec]:
     """Every built-in attention target by id, in the order of the module docstring."""
-    from attnverify.registry import builtins as normalizers
 
     specs = [
         AttentionSpec("sdpa", sdpa, gqa=True, description="torch SDPA, default dispatch"),

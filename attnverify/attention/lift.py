@@ -19,8 +19,10 @@ import dataclasses
 
 import torch
 
+from attnverify.attention.loader import load_attention
 from attnverify.attention.spec import AttentionSpec
-from attnverify.registry import NormalizerSpec
+from attnverify.errors import TargetError
+from attnverify.registry import NormalizerSpec, builtins
 from attnverify.spec import SPACE_CLAIMS
 
 NEG_INF = float("-inf")
@@ -57,7 +59,6 @@ class Lifted:
 def lifted_claims(attention: AttentionSpec) -> tuple[str, ...]:
     """The normalizer claims of a lifted kernel: those of its built-in normalizer that carry
     over, or the claims its space implies."""
-    from attnverify.registry import builtins
 
     norm = builtins().get(attention.normalizer)
     own = norm.claims if norm is not None else SPACE_CLAIMS.get(attention.space, ())
@@ -83,8 +84,6 @@ def __getattr__(name: str) -> NormalizerSpec:
     repro lines of the lifted properties use it); ``~`` stands for ``:`` inside TARGET."""
     if name.startswith("__"):
         raise AttributeError(name)
-    from attnverify.attention.loader import load_attention
-    from attnverify.errors import TargetError
 
     try:
         return lift(load_attention(name.replace("~", ":")))

@@ -11,9 +11,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from attnverify import registry
 from attnverify.attention.kernels import builtins
 from attnverify.attention.spec import AttentionSpec, attention_spec
 from attnverify.errors import TargetError, UsageError
+from attnverify.registry import _import_file, _import_module
 
 SDPA_ARGS = ("attn_mask", "is_causal", "scale")
 
@@ -39,8 +41,6 @@ def load_attention(target: str, params: Mapping[str, Any] | None = None) -> Atte
 
 
 def _resolve(target: str) -> AttentionSpec:
-    from attnverify.registry import _import_file, _import_module
-
     table = builtins()
     if not target:
         raise TargetError("empty attention target: expected a built-in id, module:attr or "
@@ -102,9 +102,8 @@ def reference_problem(normalizer: str, score_mod: str | None, reference: str) ->
     with; ``--reference`` is how the person running the check compares with something else."""
     if not reference:
         return ""
-    from attnverify.registry import builtin_ids
 
-    if reference in builtin_ids():
+    if reference in registry.builtin_ids():
         same, what = reference == normalizer, f"the normalizer {reference!r}"
     elif reference in builtins():
         other = builtins()[reference]

@@ -22,6 +22,7 @@ import math
 import torch
 
 from attnverify.attention import mods
+from attnverify.registry import load_target
 
 F64 = torch.float64
 NEG_INF = float("-inf")
@@ -62,7 +63,6 @@ def scores_of(q, k, scale, *, score_mod=None, mod_params=None):
 def eager(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, *,
           normalizer="softmax", score_mod=None, mod_params=None):
     """The float64 reference output ``[batch, heads, L_q, d_v]`` (see the module docstring)."""
-    from attnverify.registry import load_target
 
     heads = q.shape[-3]
     if enable_gqa:

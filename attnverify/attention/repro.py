@@ -13,17 +13,18 @@ import argparse
 import json
 import sys
 
+from attnverify import remote
+from attnverify.attention import cases
+from attnverify.attention.properties import ATTENTION_PROPERTIES
+from attnverify.certify import make_context
+from attnverify.checks.base import NormalizerError, Violation
+from attnverify.errors import UsageError, WorkerFailed
+from attnverify.repro import attention_spec
+from attnverify.runconfig import PROFILES
+
 
 def recheck(target: str, prop_id: str, recipe: dict, reference: str = "",
             params: dict | None = None) -> int:
-    from attnverify import remote
-    from attnverify.attention import cases
-    from attnverify.attention.properties import ATTENTION_PROPERTIES
-    from attnverify.certify import make_context
-    from attnverify.checks.base import NormalizerError, Violation
-    from attnverify.errors import UsageError, WorkerFailed
-    from attnverify.repro import attention_spec
-    from attnverify.runconfig import PROFILES
 
     if prop_id not in ATTENTION_PROPERTIES:
         known = ", ".join(ATTENTION_PROPERTIES)
@@ -53,8 +54,6 @@ def recheck(target: str, prop_id: str, recipe: dict, reference: str = "",
 
 
 def main(argv: list[str] | None = None) -> int:
-    from attnverify.errors import UsageError
-
     p = argparse.ArgumentParser(prog="python -m attnverify.attention.repro")
     p.add_argument("target")
     p.add_argument("property")

@@ -15,9 +15,21 @@ import sys
 import time
 
 from attnverify.attention.lift import lift
+from attnverify.attention.mods import EMPTIES_ROWS
 from attnverify.attention.properties import ATTENTION_PROPERTIES
 from attnverify.attention.spec import AttentionSpec
+from attnverify.certify import (
+    TargetResult,
+    make_context,
+    run_property,
+    side_effects,
+    triton_execution,
+)
+from attnverify.checks import LAST, PROPERTIES, properties_for
+from attnverify.checks.base import monitor_of
 from attnverify.errors import UsageError
+from attnverify.registry import builtins
+from attnverify.shard import dtype_name, unit_id
 
 #: Normalizer properties that differentiate the lifted kernel.
 DIFFERENTIATING = ("gradient", "double_backward", "fd_gradient", "lemma2_jacobian",
@@ -43,7 +55,6 @@ def default_claims(a: AttentionSpec) -> list[str]:
 def resolve_claims(a: AttentionSpec, claims: list[str] | None) -> list[str]:
     """Claims checked on ``a``: ``claims`` when given, else its defaults; usage error on ids
     that are unknown or universal."""
-    from attnverify.checks import PROPERTIES
 
     chosen = default_claims(a) if claims is None else list(claims)
     for c in chosen:
@@ -67,8 +78,6 @@ def lifted_context(a: AttentionSpec, ctx):
 
 
 def _is_normalizer(name: str) -> bool:
-    from attnverify.registry import builtins
-
     return name in builtins()
 
 
@@ -80,8 +89,6 @@ MOD_INDEPENDENT = ("shape", "finite", "deterministic", "no_mutation", "gradient"
 
 
 def _skip_reason(a: AttentionSpec, prop_id: str) -> str:
-    from attnverify.attention.mods import EMPTIES_ROWS
-
     if a.score_mod is not None and (prop_id not in MOD_INDEPENDENT or (
             prop_id == "finite" and a.score_mod in EMPTIES_ROWS)):
         return (f"the kernel applies the {a.score_mod} score modification; this property of "
@@ -96,7 +103,6 @@ def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=Non
                       label: str | None = None, progress=None, skip=()):
     """Every normalizer property of the lifted kernel and every attention property (except
     those in ``skip``, by id)."""
-    from attnverify.certify import TargetResult, make_context, triton_execution
 
     ctx = ctx or make_context()
     execution, cap = triton_execution(a.fn, ctx, attention=True)
@@ -117,7 +123,6 @@ def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=Non
         result.results.append(res)
         if progress is not None:
             progress(result.target, res)
-    from attnverify.checks.base import monitor_of
 
     monitor = monitor_of(spec)
     if monitor is not None:
@@ -125,8 +130,6 @@ def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=Non
         result.sandbox = list(dict.fromkeys(monitor.sandboxes))
         result.target_warnings = list(getattr(monitor, "warnings", []))
         if getattr(ctx, "shard", None) is not None:
-            from attnverify.certify import side_effects
-
             result.side_effects = side_effects(monitor, dict(a.params))
     result.runtime = dict(getattr(a.fn, "runtime", None) or {})
     return result
@@ -145,7 +148,6 @@ def property_plan(a: AttentionSpec, spec, chosen: list[str], ctx) -> list[tuple[
     """``[(property id, context)]`` in the order they run: the lifted normalizer properties,
     the attention-level ones, and last those that report on the whole run
     (``no_side_effects``)."""
-    from attnverify.checks import LAST, properties_for
 
     lifted_ctx = lifted_context(a, ctx)
     lifted = [(p.id, lifted_ctx) for p in properties_for(spec.claims, lifted_ctx)]
@@ -156,8 +158,6 @@ def property_plan(a: AttentionSpec, spec, chosen: list[str], ctx) -> list[tuple[
 
 def units_of(a: AttentionSpec, claims: list[str] | None, ctx, label: str) -> list[str]:
     """The unit ids (:mod:`attnverify.shard`) of certifying ``a`` as ``label``, in run order."""
-    from attnverify.checks import PROPERTIES
-    from attnverify.shard import dtype_name, unit_id
 
     chosen = resolve_claims(a, claims)
     spec = _lifted(a, chosen)
@@ -176,8 +176,6 @@ def lifted_spec(a: AttentionSpec, claims: list[str] | None = None):
 
 
 def _lifted(a: AttentionSpec, chosen: list[str]):
-    from attnverify.checks import PROPERTIES
-
     spec = lift(a).with_claims([c for c in chosen if c in PROPERTIES])
     if a.reference and ":" not in a.reference and _is_normalizer(a.reference):
         spec = spec.with_reference(a.reference)  # the lifted weights vs that normalizer's
@@ -187,8 +185,6 @@ def _lifted(a: AttentionSpec, chosen: list[str]):
 def run_one(a: AttentionSpec, chosen: list[str], prop_id: str, ctx, *, label: str | None = None):
     """One property (a normalizer id runs on the lifted kernel, ``ctx`` already
     :func:`lifted_context`), or ``not_applicable`` with the reason."""
-    from attnverify.certify import run_property
-    from attnverify.checks import PROPERTIES
 
     prop = PROPERTIES.get(prop_id) or ATTENTION_PROPERTIES[prop_id]
     reason = a.unavailable or (_skip_reason(a, prop_id) if prop_id in PROPERTIES else "")

@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
+from attnverify.attention.mods import MODS
 from attnverify.errors import TargetError
+from attnverify.registry import builtin_ids, builtins
 from attnverify.spec import SPACES
 
 ALL_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -113,7 +115,6 @@ def attention_spec(
     assumed rather than declared); ``claims`` replaces the claims of the lifted normalizer and may
     name attention property ids (``attnverify properties``).
     """
-    from attnverify.registry import builtins
 
     declared = normalizer is not None
     normalizer = "softmax" if normalizer is None else normalizer
@@ -231,8 +232,6 @@ def description_problem(d: Mapping[str, Any]) -> str:
 def unknown_name(d: Mapping[str, Any]) -> str:
     """An unknown normalizer or score modification named by ``d``, in words; ``""`` when
     none (the names only: call after :func:`description_problem`)."""
-    from attnverify.attention.mods import MODS
-    from attnverify.registry import builtin_ids
 
     if d.get("normalizer") not in builtin_ids():
         return (f"normalizer={d.get('normalizer')!r} is not a built-in normalizer id "

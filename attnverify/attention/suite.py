@@ -11,12 +11,26 @@ the end of the module when no normalizer target is given (serial runs; under pyt
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cache
 from pathlib import Path
 
 import pytest
 
-from attnverify.errors import UsageError
+from attnverify import remote, report
+from attnverify.attention.command import split
+from attnverify.attention.run import (
+    _lifted,
+    kernel_record,
+    property_plan,
+    resolve_claims,
+    run_one,
+    units_of,
+)
+from attnverify.certify import TargetResult, make_context
+from attnverify.errors import UsageError, WorkerFailed
+from attnverify.registry import parse_params
+from attnverify.shard import check_options, make_shard
 
 #: This module's file, as the plugin hands it to pytest.
 SUITE = Path(__file__)
@@ -44,14 +58,6 @@ def _key(config) -> tuple:
 @cache
 def plan(key: tuple):
     """``(ctx, [(target, AttentionSpec, claims, property id, context)])`` for the options."""
-    import dataclasses
-
-    from attnverify import remote
-    from attnverify.attention.command import split
-    from attnverify.attention.run import _lifted, property_plan, resolve_claims
-    from attnverify.certify import make_context
-    from attnverify.errors import WorkerFailed
-    from attnverify.registry import parse_params
 
     (targets, claims, params, profile, seed, max_examples, dtypes, device, reference, timeout,
      shard) = key
@@ -76,15 +82,10 @@ def plan(key: tuple):
 
 def _with_shard(ctx, out, text, chosen):
     """``--attnverify-shard K/N``: the partition ``certify --attention … --shard K/N`` makes."""
-    import dataclasses
-
-    from attnverify.attention.run import units_of
-    from attnverify.shard import check_options
 
     shard = check_options(text, ctx, option="--attnverify-shard")
     if shard is None:
         return ctx, out
-    from attnverify.shard import make_shard
 
     kernels = {name: a for name, a, *_ in out}
     units = [u for name, a in kernels.items() for u in units_of(a, chosen, ctx, name)]
@@ -111,8 +112,6 @@ def _certificate(request):
     paths = {n: _option(config, n) for n in ("json", "markdown")}
     if not _RESULTS or _option(config, "target") or not any(paths.values()):
         return
-    from attnverify import report
-    from attnverify.certify import TargetResult
 
     ctx, _ = plan(_key(config))
     targets: dict[str, TargetResult] = {}
@@ -129,7 +128,6 @@ def _certificate(request):
 
 def test_attention_property(attnverify_attention_case):
     """One property of one attention kernel, as ``certify --attention`` runs it."""
-    from attnverify.attention.run import kernel_record, run_one
 
     name, a, claims, prop_id, ctx = attnverify_attention_case
     res = run_one(a, claims, prop_id, ctx, label=name)

@@ -42,6 +42,9 @@ from attnverify.checks.base import (
     rounded_scalings,
 )
 from attnverify.checks.layout import case_weights
+from attnverify.normalizers import reference as formulas
+from attnverify.normalizers.reference import REFERENCES, from_kernel
+from attnverify.registry import load_target
 from attnverify.spec import NormalizerSpec, normalizer_spec
 
 F64 = torch.float64
@@ -58,8 +61,6 @@ def reference_spec(spec: NormalizerSpec) -> NormalizerSpec | None:
     """The reference of ``spec`` as a spec (see the module docstring), or ``None``."""
     ref = spec.reference
     if ref is None and spec.kernel is not None:
-        from attnverify.normalizers.reference import from_kernel
-
         fn = from_kernel(spec.kernel)
         return normalizer_spec(fn, id=fn.__name__, params={"temperature": 1.0}, claims=(),
                                space="any")
@@ -82,13 +83,11 @@ def _load(target: str) -> NormalizerSpec:
     that normalizer's float64 formula (:data:`attnverify.normalizers.reference.REFERENCES`,
     written from its definition); anything else is loaded (a ``--reference`` given by the person
     who runs the check)."""
-    from attnverify.normalizers.reference import REFERENCES
 
     name = target.strip()
     if name in REFERENCES:
         fn = REFERENCES[name]
         return normalizer_spec(fn, id=name, claims=(), space="any")
-    from attnverify.registry import load_target
 
     return load_target(target)
 
@@ -236,7 +235,6 @@ def reference_vjps(spec: NormalizerSpec, ref: NormalizerSpec, xs: list, cotangen
 def _precision(ref: NormalizerSpec, work: torch.dtype):
     """The built-in formulas (:mod:`attnverify.normalizers.reference`) evaluated in ``work``;
     any other reference gets its scores in ``work`` and computes as it does."""
-    from attnverify.normalizers import reference as formulas
 
     if work != F64 and getattr(ref, "fn", None) in formulas.REFERENCES.values():
         return formulas.precision(work)

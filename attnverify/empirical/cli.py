@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     _require_packages(config)
     out = Path(config.out)
     created = _prepare_out(out)
-    from attnverify.empirical.pipeline import run as run_pipeline
+    from attnverify.empirical.pipeline import run as run_pipeline  # dispatch: imports torch
 
     try:
         document = run_pipeline(config)
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parse_normalizers(text):
     """Resolved lazily: the normalizers (and torch) load only when a run starts."""
-    from attnverify.empirical.targets import parse_normalizers
+    from attnverify.empirical.targets import parse_normalizers  # dispatch: imports torch
 
     if text and text.strip() and not any(item.strip() for item in text.split(",")):
         raise UsageError(f"--normalizers={text!r} names no normalizer")

@@ -216,7 +216,9 @@ def _stack(layers: list[tuple], loaded) -> tuple:
 def _install(model) -> None:
     """Register the capture function once and point the model at it."""
     global _REGISTERED
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface  # optional dependency (models extra)
+
+    # optional dependency (models extra)
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
     if not _REGISTERED:
@@ -257,6 +259,7 @@ def _capture_attention(module, query, key, value, attention_mask, scaling=None, 
 def _eager_for(module):
     eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
     if eager is None:
+        # optional dependency (models extra)
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward

@@ -11,6 +11,8 @@ import io
 import math
 from pathlib import Path
 
+import numpy as np
+
 from attnverify.atomic import write_bytes_atomic
 from attnverify.empirical.targets import MODEL_SOFTMAX
 
@@ -33,7 +35,7 @@ EXTRA = {"heads": "head_diagnostics.png", "normalizers": "normalizers.png"}
 def write_figures(document: dict, out: Path) -> dict[str, str]:
     """Draw every figure the results allow; returns ``{figure: file name}``."""
     try:
-        import matplotlib
+        import matplotlib  # optional dependency (plots extra)
 
         matplotlib.use("Agg")
     except ImportError:
@@ -66,7 +68,7 @@ def _title(document: dict) -> str:
 
 
 def _save(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -76,7 +78,6 @@ def _save(fig, path: Path) -> None:
 
 def _quartiles(per_head_lists):
     """Median, q25, q75 over heads for each entry of a ``[x][head]`` list."""
-    import numpy as np
 
     arr = np.array([[v if v is not None else np.nan for v in row] for row in per_head_lists],
                    dtype=float)
@@ -110,7 +111,7 @@ def _theorem1(ax, x, own):
 
 
 def fig_distance_vs_length(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     _theorem1(ax, result["lengths"], result["normalizers"][MODEL_SOFTMAX])
@@ -121,7 +122,7 @@ def fig_distance_vs_length(result: dict, title: str):
 
 
 def fig_distance_vs_topn(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     _theorem1(ax, result["N"], result["normalizers"][MODEL_SOFTMAX])
@@ -132,7 +133,7 @@ def fig_distance_vs_topn(result: dict, title: str):
 
 
 def fig_critical(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     own = result["normalizers"][MODEL_SOFTMAX]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -172,7 +173,7 @@ def _critical_right(ax, result, own):
 
 
 def fig_separability(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     own = result["normalizers"][MODEL_SOFTMAX]
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -192,7 +193,7 @@ def fig_separability(result: dict, title: str):
 
 
 def fig_gradient(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     own = result["normalizers"][MODEL_SOFTMAX]
     ts = result["T"]
@@ -213,7 +214,7 @@ def fig_gradient(result: dict, title: str):
 
 
 def fig_lemma1(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     lengths = result["lengths"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -232,7 +233,7 @@ def fig_lemma1(result: dict, title: str):
 
 
 def fig_temperature(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     ts = result["T"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -252,7 +253,7 @@ def fig_temperature(result: dict, title: str):
 
 
 def fig_coverage(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     layers = list(range(result["layers"]))
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -269,7 +270,7 @@ def fig_coverage(result: dict, title: str):
 
 
 def fig_convergence(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     ns = result["N"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -289,7 +290,7 @@ def fig_convergence(result: dict, title: str):
 
 
 def fig_rank_collapse(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     archs = list(result["architectures"])
     fig, axes = plt.subplots(len(archs), 3, figsize=(13, 3.75 * len(archs)), squeeze=False)
@@ -310,7 +311,7 @@ def fig_rank_collapse(result: dict, title: str):
 
 
 def fig_training(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     layers = result["layers"]
     fig, axes = plt.subplots(1, layers + 1, figsize=(3.6 * (layers + 1), 3.6), squeeze=False)
@@ -346,7 +347,7 @@ def _collapse_axes(axes, arch: str) -> None:
 
 
 def head_diagnostics(result: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     own = result["normalizers"][MODEL_SOFTMAX]
     heads = result["heads"]
@@ -362,7 +363,7 @@ def head_diagnostics(result: dict, title: str):
 
 
 def normalizers_figure(ex: dict, title: str):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (plots extra)
 
     panels = [k for k in ("distance_vs_length", "separability", "gradient") if k in ex]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)

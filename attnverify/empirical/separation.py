@@ -20,6 +20,7 @@ from attnverify.empirical.distance import (
     residual_norms,
     selected_mask,
 )
+from attnverify.empirical.extraction import SharedRows
 
 #: Points closer than this (relative to the radius) count as duplicates, not as δ.
 DUPLICATE_TOLERANCE = 1e-6
@@ -34,7 +35,6 @@ def to_sphere(x: torch.Tensor, radius: float = 1.0) -> torch.Tensor:
 def on_sphere(x, radius: float = 1.0):
     """:func:`to_sphere` for a tensor or a :class:`~attnverify.empirical.extraction.SharedRows`
     view (projected once per stored vector, not once per head)."""
-    from attnverify.empirical.extraction import SharedRows
 
     if isinstance(x, SharedRows):
         return x.map(lambda base: to_sphere(base, radius))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from attnverify.errors import UsageError
+from attnverify.registry import load_target
 
 MODEL_SOFTMAX = "softmax"
 
@@ -58,7 +59,6 @@ def resolve(names: tuple[str, ...], timeout: float = 0) -> list[Weighting]:
     """``softmax`` (the model's attention) first, then each named target, resolved now so an
     unknown name is a usage error before any model is loaded. ``timeout``: seconds per call of
     a target (0: no limit), see :func:`_time_limit`."""
-    from attnverify.registry import load_target
 
     out = [model_weighting()]
     for name in names:
