@@ -33,6 +33,7 @@ import inspect
 import math
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -43,9 +44,15 @@ from typing import Any
 import torch
 
 # jacobian: imported for its side effect of loading torch's forward-mode decompositions quietly
-from attnverify import heartbeat, jacobian, prestart, triton_runtime, wire  # noqa: F401
+from attnverify import heartbeat, jacobian, prestart, settings, triton_runtime, wire, worker  # noqa: F401
+from attnverify.attention.loader import reference_problem
+from attnverify.attention.spec import FIELDS, AttentionSpec, description_problem, unknown_name
 from attnverify.checks.base import Violation, monitor_of
-from attnverify.errors import TargetFailedInFull, UsageError, WorkerFailed
+from attnverify.errors import TargetFailedInFull, TargetImportFailed, UsageError, WorkerFailed
+from attnverify.normalizers.reference import REFERENCES
+from attnverify.registry import builtin_ids
+from attnverify.spec import Kernel, NormalizerSpec, normalizer_spec
+from attnverify.worker import Server, user_traceback
 
 #: Seconds the zygote may take to start (importing torch on a loaded machine).
 ZYGOTE_START_S = 300.0
@@ -142,7 +149,6 @@ class Zygote:
     def fork(self, memory_limit: bool) -> tuple[int, socket.socket, str]:
         """A new worker: ``(pid, its channel, what its sandbox is)`` (:mod:`attnverify.sandbox`,
         applied by the worker before it loads anything, reported through the zygote)."""
-        from attnverify import settings
 
         mine, theirs = socket.socketpair()
         try:
@@ -417,8 +423,6 @@ class Channel:
     def _start(self) -> None:
         self.monitor.history.clear()
         if not self.isolated:
-            from attnverify.errors import TargetImportFailed
-            from attnverify.worker import Server, user_traceback
 
             self.local = Server()
             try:
@@ -471,7 +475,6 @@ class Channel:
         elif status is None:
             reason = "stopped answering"
         elif status < 0:
-            import signal
 
             try:
                 name = signal.Signals(-status).name
@@ -693,7 +696,6 @@ class Channel:
                 raise Refused(what)
 
     def _local(self, message: dict, tensors: list, outputs: list) -> tuple[dict, list]:
-        from attnverify import worker
 
         fresh = [_fresh(t) for t in tensors]
         given = [_fresh(t) for t in fresh]  # what the target is given, to compare after
@@ -1199,7 +1201,6 @@ def _keeps_sandbox(channel: Channel):
 
 
 def _open_normalizer(channel: Channel, target: str):
-    from attnverify.spec import Kernel, NormalizerSpec
 
     d = _described(channel)
     _check_normalizer_description(channel, d)
@@ -1284,8 +1285,6 @@ def _check_normalizer_description(channel: Channel, d: dict) -> None:
     a bad one fails the target (``broke the worker protocol: …``). The description is written
     in the target's own process, after its code ran: it is the code under test's word, used only
     as data (nothing in it is imported or run here, and no target string in it is loaded)."""
-    from attnverify.normalizers.reference import REFERENCES
-    from attnverify.registry import builtin_ids
 
     d.setdefault("claims", [])
     d.setdefault("kernel", None)
@@ -1379,13 +1378,11 @@ def _reference(channel: Channel, d):
         return None
     kind = d.get("kind")
     if kind == "formula":  # attnverify's formula of a built-in, evaluated here
-        from attnverify.normalizers.reference import REFERENCES
 
         return REFERENCES[d["name"]]
     if kind == "builtin":  # a built-in id (checked against builtin_ids(), never loaded as a path)
         return d["name"]
     if kind == "own":
-        from attnverify.spec import normalizer_spec
 
         label = str(d.get("label", "reference"))
         own = OwnReference(channel, label, d.get("params") or {}, d)
@@ -1398,7 +1395,6 @@ def open_attention(target: str, params: dict | None, ctx):
     """The attention kernel ``target`` loaded in a worker of its own, as an
     :class:`~attnverify.attention.spec.AttentionSpec` whose function is a proxy. Its description
     is code-under-test input, checked by :func:`_attention_values`."""
-    from attnverify.attention.spec import AttentionSpec
 
     channel = Channel("attention", target, dict(params or {}), timeout_s=ctx.timeout_s,
                       device=ctx.device, isolated=bool(getattr(ctx, "isolation", True)))
@@ -1420,8 +1416,6 @@ def _attention_values(channel: Channel, d: dict, target: str) -> dict:
     declared normalizer (:func:`attnverify.attention.loader.reference_problem`), fails the
     target like a load failure (:class:`WorkerFailed` saying what was wrong; the worker is
     stopped); an unknown normalizer or score modification is a usage error (exit 2)."""
-    from attnverify.attention.loader import reference_problem
-    from attnverify.attention.spec import FIELDS, description_problem, unknown_name
 
     problem = description_problem(d)
     unknown = "" if problem else unknown_name(d)

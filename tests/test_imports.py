@@ -183,9 +183,6 @@ REASONS = (
     "cycle:",  # a cycle that moving code cannot break, named
     "side effect",  # imported for what importing it does, not for a name
 )
-#: Files another branch of issue #27 rewrites now: their function-level imports move (or get
-#: their reasons) when it merges. Remove an entry once its file is clean.
-PENDING = {"attnverify/remote.py", "attnverify/checks/gradient.py"}
 
 
 def _reason(comment: str) -> bool:
@@ -215,7 +212,6 @@ def test_function_level_imports_name_their_reason():
     bare = [
         f"{path.relative_to(ROOT)}:{line}: {comment.strip() or '(no comment)'}"
         for path in sorted((ROOT / "attnverify").rglob("*.py"))
-        if path.relative_to(ROOT).as_posix() not in PENDING
         for line, comment in function_level_imports(path.read_text(encoding="utf-8"))
         if not _reason(comment)
     ]
@@ -243,7 +239,6 @@ def test_the_reason_check_by_hand():
     found = function_level_imports(source)
     assert [line for line, _ in found] == [3, 4, 5, 6, 9, 11, 12]
     assert [_reason(c) for _, c in found] == [False, True, True, True, False, True, False]
-    assert all(path.exists() for path in map(ROOT.joinpath, PENDING))
 
 
 def test_the_parser_imports_no_torch():

@@ -88,6 +88,13 @@ from attnverify.checks.base import (
     mismatch_message,
 )
 from attnverify.checks.layout import case_vjps_many, case_weights, case_weights_many
+from attnverify.checks.reference import (
+    ReferenceFailure,
+    evaluate_reference,
+    reference_label,
+    reference_spec,
+    reference_vjps,
+)
 from attnverify.coverage import note_judged
 
 F64 = torch.float64
@@ -470,11 +477,6 @@ def _has_graph(graph: bool) -> None:
 
 
 def _reference_maps(spec, case, ref):
-    from attnverify.checks.reference import (
-        ReferenceFailure,
-        evaluate_reference,
-        reference_vjps,
-    )
 
     def weights(xs):
         return [_pattern(evaluate_reference(spec, ref, x, case.temperature)) for x in xs]
@@ -528,7 +530,6 @@ def _source(spec, case, dtype, z: Tensor, order: int = 1) -> Source:
 def _reference_source(spec, case, z: Tensor, own: Tensor, order: int) -> Source | None:
     """The reference as :func:`_source`'s map, or ``None`` where there is none, it raises on
     the case's scores or (``order`` 2) it carries no autograd graph."""
-    from attnverify.checks.reference import ReferenceFailure, reference_label, reference_spec
 
     ref = reference_spec(spec)
     if ref is None:
