@@ -62,6 +62,7 @@ from attnverify.falsify_search import (
     shape_of,
     shrink_witness,
 )
+from attnverify.jacobian import intra_op_threads
 from attnverify.quantities import (
     LAMBDA_PARAMS,
     OUTPUT_RANGES,
@@ -257,7 +258,17 @@ def falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None 
     Inside :func:`attnverify.campaign.sharing` (``--database``, ``--workers``) the search first
     replays what the database holds for this bound, keeps every witness (the moment it is met,
     then shrunk) and its best cases there, and gives the strata's Hypothesis runs the database;
-    it also stops before an evaluation when the shared ``stop`` says so."""
+    it also stops before an evaluation when the shared ``stop`` says so.
+
+    The search runs on one torch thread (restored afterwards): its tensors are single rows, where
+    a parallel op's thread barriers cost more than they save, and behind the process boundary
+    the worker computes on the other core."""
+    with intra_op_threads(1):
+        return _falsify(spec, text, ctx, label=label, params=params)
+
+
+def _falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None,
+             params: dict[str, Any] | None) -> FalsifyResult:
 
     ineq = parse_inequality(text, QUANTITIES)
     shared = campaign.current()

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import hypothesis
+import numpy as np
 import torch
 from hypothesis import Phase, given
 from hypothesis import strategies as st
@@ -288,6 +289,8 @@ class StratumRecord:
     #: decade of a/T (:func:`signature`) and another margin (a plateau of equal margins, such as
     #: ties of every scale holding with equality, counts once).
     top: list[Evaluation] = field(default_factory=list)
+    #: :func:`signature` of each case of ``top`` (computed once per case).
+    signatures: list[tuple] = field(default_factory=list)
 
     def consider(self, ev: Evaluation) -> None:
         """Count ``ev`` and keep it if it ranks among the stratum's best distinct cases."""
@@ -296,16 +299,19 @@ class StratumRecord:
             self.best = ev
         if ev.undefined:
             return
-        sig = signature(ev.case)
-        same = next((i for i, other in enumerate(self.top)
-                     if signature(other.case) == sig or _level(other) == _level(ev)), None)
+        sig, level = signature(ev.case), _level(ev)
+        same = next((i for i, (other, other_sig) in enumerate(zip(self.top, self.signatures))
+                     if other_sig == sig or _level(other) == level), None)
         if same is not None:
             if _key(ev) <= _key(self.top[same]):
                 return
-            del self.top[same]
-        self.top.append(ev)
-        self.top.sort(key=lambda e: -_key(e))
-        del self.top[TOP_PER_STRATUM:]
+            del self.top[same], self.signatures[same]
+        # stable: among equal merits the earlier case stays first, as a sort of ``top`` would
+        at = next((i for i, other in enumerate(self.top) if _key(other) < _key(ev)),
+                  len(self.top))
+        self.top.insert(at, ev)
+        self.signatures.insert(at, sig)
+        del self.top[TOP_PER_STRATUM:], self.signatures[TOP_PER_STRATUM:]
 
     def to_json(self) -> dict[str, Any]:
         best = self.best
@@ -329,13 +335,14 @@ def signature(case: FalsifyCase) -> tuple:
     with their counts (up to six levels; more read as "many"). Two ties of a similar scale, or
     two such two-level rows with the same counts, share one; the same shape a decade apart
     does not (a start's scale decides where the polish can climb)."""
-    live = case.scores[torch.isfinite(case.scores)]
-    head = (int(live.numel()), int(case.scores.numel()))
-    top = float(live.abs().max()) if live.numel() else 0.0
+    row = case.scores.detach().numpy()  # numpy: a few small passes, no torch dispatch
+    live = row[np.isfinite(row)]
+    head = (int(live.size), int(row.size))
+    top = float(np.abs(live).max()) if live.size else 0.0
     if top == 0.0:
         return head + ("zero",)
-    head += (round(math.log10(scale_of(case))),)
-    levels, counts = torch.unique(torch.round(live / top * 10.0), return_counts=True)
+    head += (round(math.log10(top / (1.0 if case.temperature is None else case.temperature))),)
+    levels, counts = np.unique(np.round(live / top * 10.0), return_counts=True)
     if len(levels) > 6:
         return head + ("many",)
     return head + tuple(zip(levels.tolist(), counts.tolist()))

@@ -272,7 +272,7 @@ def spectral_norm(
     steps = iters or DEFAULT_STEPS[method]
     steps = min(steps, length) if method == "lanczos" else steps
     tol = tol_for(z.dtype).rtol if tol is None else tol
-    with _intra_op_threads(threads):
+    with intra_op_threads(threads):
         parts = _solve_chunks(f, z.detach().reshape(-1, length), steps, tol, seed, method)
     value, residual = (torch.cat([p[i] for p in parts]).reshape(z.shape[:-1]) for i in (0, 1))
     converged = _converged(value, residual, tol)
@@ -305,7 +305,9 @@ def _solve_chunks(f: RowMap, rows: Tensor, steps: int, tol: float, seed: int, me
 
 
 @contextlib.contextmanager
-def _intra_op_threads(threads: int | None):
+def intra_op_threads(threads: int | None):
+    """torch's intra-op thread count set to ``threads`` (None: unchanged) inside the block and
+    restored after it."""
     before = torch.get_num_threads()
     if threads is not None and threads != before:
         torch.set_num_threads(threads)

@@ -109,8 +109,10 @@ class Case:
         return default
 
 
-#: Rows of at most this many unmasked keys get their spectral norm from the dense Jacobian.
-DENSE_KEYS = 16
+#: Rows of at most this many unmasked keys get their spectral norm from the dense Jacobian: one
+#: batch of L products and an SVD of at most 128², exact up to rounding, where Lanczos makes two
+#: products (two requests behind the process boundary) a step, tens of steps on such rows.
+DENSE_KEYS = 128
 
 
 class _FreeMap:

@@ -436,3 +436,95 @@ def test_a_narrow_band_on_long_rows_is_found():
     assert n > 100
     p = _sparsemax(row)
     assert sum(v * v for v in p) > 1 / n + 0.99 * n * x * x + 1 / n**2  # by hand
+
+
+# --------------------------------------------------------------------------------------------
+# The search's bookkeeping (issue #27): each case's signature computed once, in numpy, on one
+# torch thread
+
+
+def _torch_signature(case: FalsifyCase) -> tuple:
+    """The signature as the search computed it with torch ops (the reference)."""
+    live_ = case.scores[torch.isfinite(case.scores)]
+    head = (int(live_.numel()), int(case.scores.numel()))
+    top = float(live_.abs().max()) if live_.numel() else 0.0
+    if top == 0.0:
+        return head + ("zero",)
+    head += (round(math.log10(FS.scale_of(case))),)
+    levels, counts = torch.unique(torch.round(live_ / top * 10.0), return_counts=True)
+    if len(levels) > 6:
+        return head + ("many",)
+    return head + tuple(zip(levels.tolist(), counts.tolist()))
+
+
+def _signature_rows() -> list[FalsifyCase]:
+    gen = torch.Generator().manual_seed(27)
+    inf = math.inf
+    rows = [[0.0], [0.0, 0.0, -inf], [-inf, -inf], [3.0], [1.0, -1.0, -1.0], [0.05, -0.05, 0.0],
+            [2.5, 2.5, -2.5, -inf, -inf], [-0.35, 0.25, 0.15, 0.05], [1e-300, -1e-300],
+            [1e300, 0.0, -1e300], [0.0, -0.0, 1.0]]
+    rows += [(torch.randn(n, generator=gen, dtype=F64) * s).tolist()
+             for n in (2, 7, 64, 4096) for s in (1e-3, 1.0, 300.0)]
+    rows += [[1.0] * k + [-1.0] * (n - k) + [-inf] * p
+             for n, k, p in ((16, 1, 0), (256, 128, 3), (4096, 4095, 4096))]
+    return [FalsifyCase(torch.tensor(r, dtype=F64), t, "test", 0)
+            for r in rows for t in (None, 0.01, 1.0, 30.0)]
+
+
+def test_signature_is_the_torch_reference_on_every_kind_of_row():
+    for case in _signature_rows():
+        assert FS.signature(case) == _torch_signature(case), case.scores[:8]
+
+
+def _consider_by_sorting(top: list, ev) -> None:
+    """Keep ``ev`` among the stratum's best distinct cases ``top`` as a full sort of ``top`` did,
+    signatures recomputed each time (the reference)."""
+    if ev.undefined:
+        return
+    same = next((i for i, other in enumerate(top)
+                 if _torch_signature(other.case) == _torch_signature(ev.case)
+                 or FS._level(other) == FS._level(ev)), None)
+    if same is not None:
+        if FS._key(ev) <= FS._key(top[same]):
+            return
+        del top[same]
+    top.append(ev)
+    top.sort(key=lambda e: -FS._key(e))
+    del top[FS.TOP_PER_STRATUM:]
+
+
+def test_a_stratum_keeps_the_same_best_cases_as_a_full_sort():
+    gen = torch.Generator().manual_seed(5)
+    cases = [c for c in _signature_rows() if c.scores.numel() <= 300]
+    record, expected = FS.StratumRecord(FS.Stratum(1, 10**6)), []
+    for i in range(300):
+        case = cases[int(torch.randint(len(cases), (1,), generator=gen))]
+        # margins on a coarse grid: ties of merit between distinct shapes happen often
+        m = float(torch.randint(-8, 1, (1,), generator=gen)) / 8.0
+        undefined = i % 37 == 0
+        ev = FS.Evaluation(case, {}, 0.0, 0.0, math.nan, False, undefined=undefined,
+                           margin=math.nan if undefined else m - 1e-3)
+        record.consider(ev)
+        _consider_by_sorting(expected, ev)
+        assert [id(e) for e in record.top] == [id(e) for e in expected], i
+        assert record.signatures == [_torch_signature(e.case) for e in record.top]
+    assert record.evaluations == 300 and len(expected) == FS.TOP_PER_STRATUM
+
+
+def test_the_search_runs_on_one_torch_thread_and_restores_the_count(monkeypatch):
+    seen = []
+    real = FS.evaluate
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(FS, "evaluate", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        falsify(load_target("softmax"), LEMMA1_LOOSENED, budget(CI, 20))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {1}

@@ -188,3 +188,30 @@ def test_builtin_softmax_if_available():
     spec = normalizers.BUILTINS["softmax"]
     got = evaluate_quantities(["jacobian_spectral", "T"], spec, torch.zeros(2), temperature=0.5)
     assert got == {"jacobian_spectral": approx(1.0), "T": 0.5}
+
+
+@pytest.mark.parametrize("length", [17, 100, 128])
+def test_rows_up_to_128_keys_take_the_spectral_norm_from_the_dense_jacobian(monkeypatch, length):
+    """One batch of products and an SVD (two requests behind the process boundary) instead of
+    Lanczos's two products a step; the value is the hand-formed Jacobian's norm, and Lanczos's
+    to its tolerance."""
+    methods = []
+    real = jacobian.spectral_norm
+
+    def spy(f, z, **kwargs):
+        methods.append(kwargs.get("method"))
+        return real(f, z, **kwargs)
+
+    monkeypatch.setattr(jacobian, "spectral_norm", spy)
+    row = 3.0 * torch.randn(length, generator=torch.Generator().manual_seed(length), dtype=F64)
+    alpha = torch.softmax(row, -1)
+    J = torch.diag(alpha) - torch.outer(alpha, alpha)
+    exact = float(torch.linalg.matrix_norm(J, 2))
+    got = evaluate_quantities(["jacobian_spectral"], SOFTMAX, row)["jacobian_spectral"]
+    assert methods == ["dense"] and got == approx(exact)
+    padded = torch.cat([row, torch.full((length,), -math.inf, dtype=F64)])
+    assert evaluate_quantities(["jacobian_spectral"], SOFTMAX, padded) == {
+        "jacobian_spectral": approx(exact)}
+    assert methods == ["dense", "dense"]
+    lanczos = real(lambda z: torch.softmax(z, -1), row, method="lanczos")
+    assert float(lanczos.value) == pytest.approx(got, rel=1e-7)
