@@ -214,6 +214,16 @@ def test_the_border_holds_in_a_vjps_request():
         remote.shutdown()
 
 
+def _double_backward_of(attr: str, ctx):
+    """``double_backward``'s result on the planted fixture ``attr`` opened with ``ctx``."""
+    spec = remote.open_normalizer(f"{FILE}:{attr}", {}, ctx)
+    try:
+        return run_property(PROPERTIES["double_backward"], spec, DEV)
+    finally:
+        spec.fn.channel.close()
+        remote.shutdown()
+
+
 @pytest.mark.slow  # whole double_backward runs on planted defects
 @pytest.mark.parametrize("isolated", [True, False], ids=["worker", "no-isolation"])
 def test_gradient_wrong_only_at_the_probes_fails_double_backward(isolated):
@@ -221,12 +231,7 @@ def test_gradient_wrong_only_at_the_probes_fails_double_backward(isolated):
     those near an earlier one (the points z ± hv), where its gradient is 1% too large. The
     gradients at those points come from the worker in one request; double_backward fails."""
     ctx = dataclasses.replace(DEV, isolation=isolated)
-    spec = remote.open_normalizer(f"{FILE}:probe_backward_softmax", {}, ctx)
-    try:
-        res = run_property(PROPERTIES["double_backward"], spec, DEV)
-    finally:
-        spec.fn.channel.close()
-        remote.shutdown()
+    res = _double_backward_of("probe_backward_softmax", ctx)
     assert res.status == "violated", (res.status, res.message)
 
 
@@ -234,12 +239,7 @@ def test_gradient_wrong_only_at_the_probes_fails_double_backward(isolated):
 def test_gradient_lost_at_the_probes_fails_double_backward():
     """probe_detached_softmax: no graph at the points z ± hv (where z has one): a violation,
     never 'not applicable'."""
-    spec = remote.open_normalizer(f"{FILE}:probe_detached_softmax", {}, DEV)
-    try:
-        res = run_property(PROPERTIES["double_backward"], spec, DEV)
-    finally:
-        spec.fn.channel.close()
-        remote.shutdown()
+    res = _double_backward_of("probe_detached_softmax", DEV)
     assert res.status == "violated", (res.status, res.message)
     assert "no autograd graph at a point near" in res.message
 
