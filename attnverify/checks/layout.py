@@ -69,28 +69,38 @@ def given_many(spec, rows_list: list, temperature, layout: Layout, *,
     two fit the same layout)."""
     fitted = [layout.fit(*rows.shape) for rows in rows_list]
     xs = [present(rows, lay) for rows, lay in zip(rows_list, fitted)]
+
+    def run(picks, dim):
+        sub = {picks.index(i): picks.index(j) for i, j in (reuse or {}).items()
+               if i in picks and j in picks}
+        return call_many(spec, [xs[i] for i in picks], temperature, dim=dim, reuse=sub or None)
+
+    return list(zip(xs, _by_dim(fitted, rows_list, run)))
+
+
+def _by_dim(fitted: list, rows_list: list, run) -> list:
+    """``run(picks, dim)`` (one request) for the indices ``picks`` of the ``fitted`` layouts
+    that share ``dim``; the answers in the order of ``fitted``. A :class:`NormalizerError`
+    names the layout of the input that raised and carries its rows."""
     by_dim: dict[int, list[int]] = {}
     for i, lay in enumerate(fitted):
         by_dim.setdefault(lay.dim, []).append(i)
-    outs: list = [None] * len(xs)
+    answers: list = [None] * len(fitted)
     for dim, picks in by_dim.items():
-        sub = {picks.index(i): picks.index(j) for i, j in (reuse or {}).items()
-               if i in picks and j in picks}
         try:
-            results = call_many(spec, [xs[i] for i in picks], temperature, dim=dim,
-                                reuse=sub or None)
+            results = run(picks, dim)
         except NormalizerError as exc:
             index = getattr(exc.cause, "index", None)
             failed = picks[index] if isinstance(index, int) and 0 <= index < len(picks) \
                 else picks[0]
             lay, rows = fitted[failed], rows_list[failed]
-            exc.input = rows if type(rows) is torch.Tensor else None
+            exc.input = rows.detach() if type(rows) is torch.Tensor else None
             if not lay.plain:
                 exc.args = (f"{exc.args[0]} (given as {lay.describe()})",)
             raise
-        for i, out in zip(picks, results):
-            outs[i] = out
-    return list(zip(xs, outs))
+        for i, answer in zip(picks, results):
+            answers[i] = answer
+    return answers
 
 
 def case_weights_many(spec, case, rows_list: list, *, copies: str = "first") -> list:
@@ -129,25 +139,9 @@ def case_vjps_many(spec, case, rows_list: list, cotangent: torch.Tensor, *,
             y = collect(probe, lay, copies=copies)
             (c,) = torch.autograd.grad(y, probe, cotangent.to(y.dtype))
             cotangents.append(c)
-    by_dim: dict[int, list[int]] = {}
-    for i, lay in enumerate(fitted):
-        by_dim.setdefault(lay.dim, []).append(i)
-    answers: list = [None] * len(xs)
-    for dim, picks in by_dim.items():
-        try:
-            results = call_many_vjp(spec, [xs[i].detach() for i in picks],
-                                    [cotangents[i] for i in picks], case.temperature, dim=dim)
-        except NormalizerError as exc:
-            index = getattr(exc.cause, "index", None)
-            failed = picks[index] if isinstance(index, int) and 0 <= index < len(picks) \
-                else picks[0]
-            lay = fitted[failed]
-            exc.input = rows_list[failed].detach()
-            if not lay.plain:
-                exc.args = (f"{exc.args[0]} (given as {lay.describe()})",)
-            raise
-        for i, answer in zip(picks, results):
-            answers[i] = answer
+    answers = _by_dim(fitted, rows_list, lambda picks, dim: call_many_vjp(
+        spec, [xs[i].detach() for i in picks], [cotangents[i] for i in picks],
+        case.temperature, dim=dim))
     out = []
     for rows, x, lay, (output, grad, graph) in zip(rows_list, xs, fitted, answers):
         with torch.enable_grad():
