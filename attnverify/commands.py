@@ -203,11 +203,12 @@ def _add_attention_options(p: argparse.ArgumentParser) -> None:
 
 def _early_zygote(args) -> None:
     """Start the worker processes' zygote now, before this process imports torch, so that the
-    two imports overlap (:mod:`attnverify.prestart`); not for a run in this process."""
+    two imports overlap (:mod:`attnverify.prestart`); not for a run in this process. Only a run
+    of attention kernels has it import torch's compiler (FlexAttention, ``torch.compile``)."""
     from attnverify import prestart  # dispatch: on a run only (wire, its arena), not --help
 
     if not getattr(args, "no_isolation", False) and isolation_default():
-        prestart.early()
+        prestart.early(compiler=bool(getattr(args, "attention", None)))
 
 
 def _run_certify(args) -> int:

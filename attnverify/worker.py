@@ -1152,7 +1152,12 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 #: Imported by the zygote before it forks, so that every worker starts with them loaded.
 PRELOAD = ("torch", "torch.func", "attnverify.registry", "attnverify.normalizers",
-           "attnverify.attention.loader", "torch._dynamo", "torch._decomp.decompositions_for_jvp")
+           "attnverify.attention.loader", "torch._decomp.decompositions_for_jvp")
+#: :data:`PRELOAD` and torch's compiler (``torch._dynamo``, which imports triton; about as long to
+#: import as torch itself): for runs that compile (FlexAttention, a ``torch.compile`` kernel), so
+#: that each worker does not import it again. A normalizer run's zygote leaves it out: a target
+#: that compiles imports it in its own worker (:mod:`attnverify.prestart`).
+PRELOAD_COMPILER = PRELOAD + ("torch._dynamo",)
 
 
 def _prctl(option: int, value: int) -> None:
@@ -1170,7 +1175,7 @@ def zygote_main(ctrl_fd: int) -> None:
     ctrl = socket.socket(fileno=ctrl_fd)
     hello = wire.receive(ctrl)
     sys.path[:] = [str(p) for p in hello.get("path", sys.path)]
-    for name in hello.get("preload", PRELOAD):
+    for name in hello.get("preload", PRELOAD_COMPILER):
         try:
             __import__(name)
         except Exception:  # noqa: BLE001 - a missing optional module: the worker imports later
