@@ -380,7 +380,7 @@ class _State:
 #: that binds in practice, so the reported case is the same on every machine. attnverify's own
 #: shrinker (:mod:`attnverify.checks.shrink`) goes on from the smallest case it reached, in a
 #: budget of its own.
-SHRINK_CALLS = 32
+SHRINK_CALLS = 8
 #: ... and at most this many seconds, or the unit's time before its first failure when longer: a
 #: safety net for a target slower on the shrink's cases than on the search's, far above what the
 #: draws cost on a loaded machine, so that it does not bind in practice (the calls bound a slow

@@ -12,7 +12,8 @@ a timed unit test: run it by hand or in a perf job.
 checkout and for another one (``BASE``: a checkout of an older commit, e.g. made with ``git worktree
 add /tmp/base7e 7e72048``; each runs with ``PYTHONPATH`` set to its own tree and this interpreter),
 interleaved round by round so both meet the same load: certify of every built-in (ci; this checkout
-with its default ``--jobs`` and with ``--jobs 1``), one normalizer ``file.py:fn`` (dev and ci),
+with its default ``--jobs`` and with ``--jobs 1``), one normalizer ``file.py:fn`` (dev and ci; and
+a failing one, ci, which exits 1),
 ``certify --attention sdpa`` and of a user's eager kernel (ci) and two falsify bounds (ci; one with
 a Jacobian). For each it prints the median and best wall time, the CPU time of the whole process
 tree (``getrusage(RUSAGE_CHILDREN)``: checker, zygote and workers; a process its parent never waits
@@ -45,6 +46,7 @@ SIDE_BY_SIDE = (
     ("builtins-ci-jobs1", ["certify", "--profile", "ci", "--quiet", "--jobs", "1"], True),
     ("file-fn-dev", ["certify", "{fn}", "--profile", "dev", "--quiet"], False),
     ("file-fn-ci", ["certify", "{fn}", "--profile", "ci", "--quiet"], False),
+    ("failing-fn-ci", ["certify", "{bad}", "--profile", "ci", "--quiet"], False),
     ("attention-sdpa-ci", ["certify", "--attention", "sdpa", "--profile", "ci", "--quiet"], False),
     ("attention-eager-ci", ["certify", "--attention", "{attn}", "--profile", "ci", "--quiet"],
      False),
@@ -53,6 +55,20 @@ SIDE_BY_SIDE = (
                              "ci"], False),
 )
 USER_FILE = "import torch\n\n\ndef fn(scores, dim=-1):\n    return torch.softmax(scores, dim)\n"
+#: ``{bad}``: a user's sparsemax with its threshold off by one (it fails most properties, and
+#: raises on a one-entry row of a large value): a failing target timed beside the passing ones.
+FAILING_FILE = '''import torch
+
+
+def fn(scores, dim=-1):
+    z = scores.movedim(dim, -1)
+    srt, _ = torch.sort(z, dim=-1, descending=True)
+    k = torch.arange(1, z.shape[-1] + 1, dtype=z.dtype)
+    cs = srt.cumsum(-1) - 1
+    size = (k * srt > cs).sum(-1, keepdim=True)
+    tau = cs.gather(-1, size - 1) / (size.to(z.dtype) + 1)  # should divide by size
+    return (z - tau).clamp_min(0).movedim(-1, dim)
+'''
 #: ``{attn}``: a user's eager attention kernel (scores, mask, softmax, weighted values in torch
 #: ops, no fused kernel), written for the run.
 ATTENTION_FILE = '''import math
@@ -144,7 +160,10 @@ def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None)
         user.write_text(USER_FILE)
         attn = Path(tmp) / "user_attention.py"
         attn.write_text(ATTENTION_FILE)
-        runs = [(n, [a.format(fn=f"{user}:fn", attn=f"{attn}:attn") for a in argv], mine)
+        bad = Path(tmp) / "user_failing.py"
+        bad.write_text(FAILING_FILE)
+        files = {"fn": f"{user}:fn", "attn": f"{attn}:attn", "bad": f"{bad}:fn"}
+        runs = [(n, [a.format(**files) for a in argv], mine)
                 for n, argv, mine in SIDE_BY_SIDE if not only or n in only]
         for r in range(rounds):
             for name, argv, mine in runs:
