@@ -58,9 +58,16 @@ from attnverify import heartbeat, precise
 from attnverify import strategies as S
 from attnverify.checks.base import Violation
 from attnverify.checks.shrink import shrink
+from attnverify.errors import WorkerFailed
 from attnverify.exampledb import database_key
 from attnverify.expr import Inequality, margin
-from attnverify.quantities import QUANTITIES, evaluate_quantities, rounding_errors
+from attnverify.quantities import (
+    QUANTITIES,
+    WEIGHTED,
+    evaluate_quantities,
+    rounding_errors,
+    weights_many,
+)
 from attnverify.runconfig import hypothesis_settings, seeded_generation
 from attnverify.serialize import encode_tensor, jsonable, number
 from attnverify.tolerances import tol_for
@@ -196,12 +203,15 @@ def scale_of(case: FalsifyCase) -> float:
     return float(live.abs().max()) / (1.0 if case.temperature is None else case.temperature)
 
 
-def evaluate(spec, ineq: Inequality, case: FalsifyCase, params) -> Evaluation:
+def evaluate(spec, ineq: Inequality, case: FalsifyCase, params,
+             weights: torch.Tensor | None = None) -> Evaluation:
     """The inequality at one case (the normalizer called once, between heartbeat marks), judged
-    beyond the tolerance and the rounding of the quantities."""
+    beyond the tolerance and the rounding of the quantities. ``weights``: the normalizer's
+    output on the case, computed already with others in one request (:func:`prefetch`)."""
     heartbeat.example_started(case)  # the watchdog's clock (no-op outside a worker)
     try:
-        values = evaluate_quantities(ineq.names, spec, case.scores, case.temperature, params)
+        values = evaluate_quantities(ineq.names, spec, case.scores, case.temperature, params,
+                                     weights=weights)
     finally:
         heartbeat.example_finished()
     t = tol_for(F64)
@@ -429,8 +439,9 @@ class Search:
         masked = live < case.scores.numel()
         return next((r for r in self.records if r.stratum.holds(live, masked)), None)
 
-    def evaluate(self, case: FalsifyCase) -> Evaluation:
-        """Evaluate ``case`` (counted); raises :class:`_Crossed` when it fails."""
+    def evaluate(self, case: FalsifyCase, weights: torch.Tensor | None = None) -> Evaluation:
+        """Evaluate ``case`` (counted); raises :class:`_Crossed` when it fails. ``weights``:
+        the normalizer's output on it, computed already (:func:`prefetch`)."""
         if self.evaluations >= min(self.phase_cap, self.budget.evaluations):
             raise _Spent()
         if self.out_of_time():
@@ -441,7 +452,7 @@ class Search:
             raise _Crossed()
         self.evaluations += 1
         self.by_phase[self.phase] = self.by_phase.get(self.phase, 0) + 1
-        ev = evaluate(self.spec, self.ineq, case, self.params)
+        ev = evaluate(self.spec, self.ineq, case, self.params, weights)
         timing = heartbeat.last_example()
         if timing is not None and (self.slowest_checker is None
                                    or timing.checker_s > self.slowest_checker[0]):
@@ -676,9 +687,63 @@ def battery(search: Search) -> Iterator[FalsifyCase]:
                           pad=1, front=True)
 
 
+#: The battery's cases go to a normalizer behind the process boundary in requests of several
+#: cases (:func:`prefetch`): one case, then two, four, … up to this many, while the request's
+#: rows hold at most :data:`BATCH_ELEMENTS` logits and its calls took (by the last request's
+#: time per call) at most :data:`BATCH_TIME_SHARE` of the per-example time limit.
+BATCH_MAX = 64
+BATCH_ELEMENTS = 1 << 20
+BATCH_TIME_SHARE = 0.1
+
+
 def run_battery(search: Search) -> None:
-    for case in battery(search):
-        search.evaluate(case)
+    """The battery's cases (:func:`battery`), evaluated in order until the first that fails.
+    Their rows do not depend on what the target answers, so where the expression needs the
+    weights and the normalizer runs behind the process boundary, the weights of the next few
+    cases are computed in one request (:func:`prefetch`): the same calls on the same rows, the
+    same evaluations in the same order; a request that fails is done again a case at a time,
+    so an error is reported on its own case."""
+    cases = battery(search)
+    fn = getattr(search.spec, "fn", None)
+    batched = bool(search.ineq.names & WEIGHTED) and callable(getattr(fn, "many", None))
+    limit = BATCH_TIME_SHARE * float(getattr(search.ctx, "timeout_s", None) or 30.0)
+    size, per_call = 1, 0.0
+    while True:
+        room = max(1, min(size, search.phase_left(), search.left()))
+        chunk, elements = [], 0
+        for case in cases:
+            chunk.append(case)
+            elements += int(case.scores.numel())
+            if len(chunk) >= room or elements >= BATCH_ELEMENTS:
+                break
+        if not chunk:
+            return
+        weights, took = (None, 0.0) if not batched or len(chunk) < 2 else prefetch(search,
+                                                                                   chunk)
+        for i, case in enumerate(chunk):
+            search.evaluate(case, None if weights is None else weights[i])
+            if weights is None:  # one request per case: its target time is the heartbeat's
+                timing = heartbeat.last_example()
+                per_call = max(per_call, 0.0 if timing is None else timing.target_s)
+        if weights is not None:
+            per_call = max(per_call, took / len(chunk))
+        size = min(2 * size, BATCH_MAX)
+        if per_call > 0:
+            size = max(1, min(size, int(limit / per_call)))
+
+
+def prefetch(search: Search, chunk: list[FalsifyCase]) -> tuple[list | None, float]:
+    """The normalizer's weights on each case of ``chunk`` in one request
+    (:func:`attnverify.quantities.weights_many`) and the seconds it took; ``(None, …)`` where
+    the request failed (the target raised, refused, died or hung on one of them): the cases are
+    then evaluated one at a time, where the failure is met again on its own case."""
+    start = time.monotonic()
+    try:
+        weights = weights_many(search.spec, [(c.scores, c.temperature) for c in chunk],
+                               search.params)
+    except (Exception, WorkerFailed):  # noqa: BLE001 - met again, and reported, on its own case
+        weights = None
+    return weights, time.monotonic() - start
 
 
 # --------------------------------------------------------------------------------------------
