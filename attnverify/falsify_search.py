@@ -406,6 +406,9 @@ class Search:
     precise_undecided: int = 0
     undecided_example: Evaluation | None = None
     stopped: str = "budget"
+    #: The target's slowest time per call so far, in seconds (what :func:`batch_room` sizes a
+    #: request of several cases by).
+    per_call: float = 0.0
     #: Asked before each evaluation: True stops the search at once (``stopped = "stopped"``;
     #: ``falsify --workers``: another worker has a witness).
     stop: Any = None
@@ -704,10 +707,8 @@ def run_battery(search: Search) -> None:
     same evaluations in the same order; a request that fails is done again a case at a time,
     so an error is reported on its own case."""
     cases = battery(search)
-    fn = getattr(search.spec, "fn", None)
-    batched = bool(search.ineq.names & WEIGHTED) and callable(getattr(fn, "many", None))
-    limit = BATCH_TIME_SHARE * float(getattr(search.ctx, "timeout_s", None) or 30.0)
-    size, per_call = 1, 0.0
+    batched = batchable(search)
+    size = 1
     while True:
         room = max(1, min(size, search.phase_left(), search.left()))
         chunk, elements = [], 0
@@ -718,32 +719,47 @@ def run_battery(search: Search) -> None:
                 break
         if not chunk:
             return
-        weights, took = (None, 0.0) if not batched or len(chunk) < 2 else prefetch(search,
-                                                                                   chunk)
+        weights = prefetch(search, chunk) if batched and len(chunk) >= 2 else None
         for i, case in enumerate(chunk):
             search.evaluate(case, None if weights is None else weights[i])
             if weights is None:  # one request per case: its target time is the heartbeat's
                 timing = heartbeat.last_example()
-                per_call = max(per_call, 0.0 if timing is None else timing.target_s)
-        if weights is not None:
-            per_call = max(per_call, took / len(chunk))
-        size = min(2 * size, BATCH_MAX)
-        if per_call > 0:
-            size = max(1, min(size, int(limit / per_call)))
+                search.per_call = max(search.per_call, 0.0 if timing is None
+                                      else timing.target_s)
+        size = max(1, min(2 * size, BATCH_MAX, batch_room(search)))
 
 
-def prefetch(search: Search, chunk: list[FalsifyCase]) -> tuple[list | None, float]:
+def batchable(search: Search) -> bool:
+    """Whether the search can have the weights of several cases computed in one request: the
+    expression needs the weights (:data:`attnverify.quantities.WEIGHTED`) and the normalizer
+    offers the request (a proxy of one behind the process boundary)."""
+    fn = getattr(search.spec, "fn", None)
+    return bool(search.ineq.names & WEIGHTED) and callable(getattr(fn, "many", None))
+
+
+def batch_room(search: Search) -> int:
+    """How many calls one request may hold by the target's slowest time per call so far:
+    :data:`BATCH_TIME_SHARE` of the per-example time limit (:data:`BATCH_MAX` before any)."""
+    if search.per_call <= 0:
+        return BATCH_MAX
+    limit = BATCH_TIME_SHARE * float(getattr(search.ctx, "timeout_s", None) or 30.0)
+    return min(BATCH_MAX, int(limit / search.per_call))
+
+
+def prefetch(search: Search, chunk: list[FalsifyCase]) -> list | None:
     """The normalizer's weights on each case of ``chunk`` in one request
-    (:func:`attnverify.quantities.weights_many`) and the seconds it took; ``(None, …)`` where
-    the request failed (the target raised, refused, died or hung on one of them): the cases are
-    then evaluated one at a time, where the failure is met again on its own case."""
+    (:func:`attnverify.quantities.weights_many`), and the time per call noted in
+    ``search.per_call``; ``None`` where the request failed (the target raised, refused, died or
+    hung on one of them): the cases are then evaluated one at a time, where the failure is met
+    again on its own case."""
     start = time.monotonic()
     try:
         weights = weights_many(search.spec, [(c.scores, c.temperature) for c in chunk],
                                search.params)
     except (Exception, WorkerFailed):  # noqa: BLE001 - met again, and reported, on its own case
         weights = None
-    return weights, time.monotonic() - start
+    search.per_call = max(search.per_call, (time.monotonic() - start) / len(chunk))
+    return weights
 
 
 # --------------------------------------------------------------------------------------------
@@ -1024,6 +1040,7 @@ def run_polish(search: Search) -> None:
 
     starts = polish_starts(search)
     counts = sorted(search.ineq.names & DISCRETE)
+    batched = batchable(search)
     for i, start in enumerate(starts):
         left = search.phase_left()
         if left < 2:
@@ -1033,13 +1050,16 @@ def run_polish(search: Search) -> None:
         shape = _Polish(start.ev.case, search.free_temperature, start.groups, start.levels,
                         start.kind)
         x0, bounds = shape.start()
+        simplex = _simplex(x0, bounds)
+        ahead = _prefetch_simplex(search, shape, simplex, cap) if batched else {}
         progress = {"best": -math.inf, "since": 0, "seen": []}
         patience = max(POLISH_PATIENCE, 3 * (len(x0) + 1))
 
-        def objective(x, shape=shape, cap=cap, progress=progress, patience=patience) -> float:
+        def objective(x, shape=shape, cap=cap, progress=progress, patience=patience,
+                      ahead=ahead) -> float:
             if search.evaluations >= cap or progress["since"] >= patience:
                 raise _Spent()
-            ev = search.evaluate(shape.build(x))
+            ev = search.evaluate(shape.build(x), ahead.pop(_point(x), None))
             score = merit(ev)
             progress["seen"].append((list(x), score, tuple(ev.values.get(n) for n in counts)))
             if score > progress["best"] + 1e-12:
@@ -1051,13 +1071,34 @@ def run_polish(search: Search) -> None:
         try:
             minimize(objective, x0, method="Nelder-Mead", bounds=bounds,
                      options={"maxfev": cap - search.evaluations,
-                              "initial_simplex": _simplex(x0, bounds),
+                              "initial_simplex": simplex,
                               "xatol": 1e-9, "fatol": 1e-15, "adaptive": len(x0) > 4})
         except _Spent:
             if search.evaluations >= search.phase_cap or search.out_of_time():
                 raise
         if counts:
             _bisect_boundary(search, shape, progress["seen"], counts)
+
+
+def _point(x) -> tuple[float, ...]:
+    return tuple(float(v) for v in x)
+
+
+def _prefetch_simplex(search: Search, shape: _Polish, simplex: list[list[float]],
+                      cap: int) -> dict[tuple[float, ...], torch.Tensor]:
+    """The weights at the points of a start's simplex (Nelder–Mead evaluates them first, in
+    order, whatever they give), in one request (:func:`prefetch`), by point; the objective
+    takes a point's weights from here instead of a request of its own. Empty where one request
+    per point it is (fewer than two points within the cap, or calls too slow to group)."""
+    n = min(len(simplex), cap - search.evaluations, search.phase_left(), batch_room(search))
+    points = simplex[:n]
+    cases = [shape.build(x) for x in points]
+    if n < 2 or sum(int(c.scores.numel()) for c in cases) > BATCH_ELEMENTS:
+        return {}
+    weights = prefetch(search, cases)
+    if weights is None:
+        return {}
+    return {_point(x): w for x, w in zip(points, weights)}
 
 
 #: Quantities that take integer values: where they change, a bound on them has its edges.

@@ -131,3 +131,44 @@ def test_a_request_that_fails_is_done_again_a_case_at_a_time(tmp_path, monkeypat
     message, case = got[True]
     assert "ValueError" in message and "no row of" in message
     assert case is not None and case["L"] > 200
+
+
+def _whole_search(spec, monkeypatch, *, batched: bool):
+    """Every evaluation of a short search of :data:`TRUE` on ``spec``, the requests its polish
+    took, and the polish's evaluations."""
+    monkeypatch.setattr(FS, "BATCH_MAX", BATCH_MAX if batched else 1)
+    seen, calls = [], {}
+    real_evaluate, real_begin = FS.evaluate, FS.Search.begin
+
+    def spy(*args, **kwargs):
+        ev = real_evaluate(*args, **kwargs)
+        seen.append((ev.case.scores.tolist(), ev.case.temperature, ev.values, ev.margin))
+        return ev
+
+    def begin(search, phase, share=None):
+        calls[phase] = remote.channel_of(spec).monitor.calls
+        return real_begin(search, phase, share)
+
+    monkeypatch.setattr(FS, "evaluate", spy)
+    monkeypatch.setattr(FS.Search, "begin", begin)
+    try:
+        res = falsify(spec, TRUE, ctx(300, max_length=64))
+    finally:
+        monkeypatch.setattr(FS, "evaluate", real_evaluate)
+        monkeypatch.setattr(FS.Search, "begin", real_begin)
+    assert not res.falsified
+    polish = remote.channel_of(spec).monitor.calls - calls["polish"]
+    return seen, polish, res.search.by_phase["polish"]
+
+
+def test_the_polish_simplex_in_one_request_equals_the_one_at_a_time_values(softmax_proxy,
+                                                                          monkeypatch):
+    """Each polish start's simplex (Nelder–Mead evaluates its points first) is computed in one
+    request: the same evaluations with the same values as one request per point, and fewer
+    requests in the polish."""
+    one, one_polish, evaluations = _whole_search(softmax_proxy, monkeypatch, batched=False)
+    many, many_polish, _ = _whole_search(softmax_proxy, monkeypatch, batched=True)
+    assert evaluations > 50
+    assert many == one
+    assert one_polish == evaluations
+    assert many_polish < 0.8 * one_polish
