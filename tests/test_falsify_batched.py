@@ -172,3 +172,31 @@ def test_the_polish_simplex_in_one_request_equals_the_one_at_a_time_values(softm
     assert many == one
     assert one_polish == evaluations
     assert many_polish < 0.8 * one_polish
+
+
+DIES_ON_LONG_ROWS = textwrap.dedent("""
+    import os
+
+    import torch
+
+    def norm(scores, dim=-1, temperature=1.0):
+        if scores.shape[dim] > 200:
+            os._exit(3)
+        return torch.softmax(scores / temperature, dim=dim)
+""")
+
+
+def test_a_worker_that_dies_in_a_request_is_reported_on_its_own_case(tmp_path, monkeypatch):
+    """The worker dies on one case of a request of several: the request is done again a case
+    at a time in a fresh worker, and the search stops on that case, as with one request per
+    case."""
+    path = tmp_path / "dies_long.py"
+    path.write_text(DIES_ON_LONG_ROWS)
+    got = {}
+    for batched in (True, False):
+        monkeypatch.setattr(FS, "BATCH_MAX", BATCH_MAX if batched else 1)
+        got[batched] = falsify_isolated(f"{path}:norm", {}, TRUE, ctx(400))
+    assert got[True] == got[False]
+    message, case = got[True]
+    assert "status 3" in message or "exit" in message, message
+    assert case is not None and case["L"] > 200
