@@ -58,9 +58,16 @@ from attnverify import heartbeat, precise
 from attnverify import strategies as S
 from attnverify.checks.base import Violation
 from attnverify.checks.shrink import shrink
+from attnverify.errors import WorkerFailed
 from attnverify.exampledb import database_key
 from attnverify.expr import Inequality, margin
-from attnverify.quantities import QUANTITIES, evaluate_quantities, rounding_errors
+from attnverify.quantities import (
+    QUANTITIES,
+    WEIGHTED,
+    evaluate_quantities,
+    rounding_errors,
+    weights_many,
+)
 from attnverify.runconfig import hypothesis_settings, seeded_generation
 from attnverify.serialize import encode_tensor, jsonable, number
 from attnverify.tolerances import tol_for
@@ -196,12 +203,15 @@ def scale_of(case: FalsifyCase) -> float:
     return float(live.abs().max()) / (1.0 if case.temperature is None else case.temperature)
 
 
-def evaluate(spec, ineq: Inequality, case: FalsifyCase, params) -> Evaluation:
+def evaluate(spec, ineq: Inequality, case: FalsifyCase, params,
+             weights: torch.Tensor | None = None) -> Evaluation:
     """The inequality at one case (the normalizer called once, between heartbeat marks), judged
-    beyond the tolerance and the rounding of the quantities."""
+    beyond the tolerance and the rounding of the quantities. ``weights``: the normalizer's
+    output on the case, computed already with others in one request (:func:`prefetch`)."""
     heartbeat.example_started(case)  # the watchdog's clock (no-op outside a worker)
     try:
-        values = evaluate_quantities(ineq.names, spec, case.scores, case.temperature, params)
+        values = evaluate_quantities(ineq.names, spec, case.scores, case.temperature, params,
+                                     weights=weights)
     finally:
         heartbeat.example_finished()
     t = tol_for(F64)
@@ -396,6 +406,9 @@ class Search:
     precise_undecided: int = 0
     undecided_example: Evaluation | None = None
     stopped: str = "budget"
+    #: The target's slowest time per call so far, in seconds (what :func:`batch_room` sizes a
+    #: request of several cases by).
+    per_call: float = 0.0
     #: Asked before each evaluation: True stops the search at once (``stopped = "stopped"``;
     #: ``falsify --workers``: another worker has a witness).
     stop: Any = None
@@ -429,8 +442,9 @@ class Search:
         masked = live < case.scores.numel()
         return next((r for r in self.records if r.stratum.holds(live, masked)), None)
 
-    def evaluate(self, case: FalsifyCase) -> Evaluation:
-        """Evaluate ``case`` (counted); raises :class:`_Crossed` when it fails."""
+    def evaluate(self, case: FalsifyCase, weights: torch.Tensor | None = None) -> Evaluation:
+        """Evaluate ``case`` (counted); raises :class:`_Crossed` when it fails. ``weights``:
+        the normalizer's output on it, computed already (:func:`prefetch`)."""
         if self.evaluations >= min(self.phase_cap, self.budget.evaluations):
             raise _Spent()
         if self.out_of_time():
@@ -441,7 +455,7 @@ class Search:
             raise _Crossed()
         self.evaluations += 1
         self.by_phase[self.phase] = self.by_phase.get(self.phase, 0) + 1
-        ev = evaluate(self.spec, self.ineq, case, self.params)
+        ev = evaluate(self.spec, self.ineq, case, self.params, weights)
         timing = heartbeat.last_example()
         if timing is not None and (self.slowest_checker is None
                                    or timing.checker_s > self.slowest_checker[0]):
@@ -676,9 +690,76 @@ def battery(search: Search) -> Iterator[FalsifyCase]:
                           pad=1, front=True)
 
 
+#: The battery's cases go to a normalizer behind the process boundary in requests of several
+#: cases (:func:`prefetch`): one case, then two, four, … up to this many, while the request's
+#: rows hold at most :data:`BATCH_ELEMENTS` logits and its calls took (by the last request's
+#: time per call) at most :data:`BATCH_TIME_SHARE` of the per-example time limit.
+BATCH_MAX = 64
+BATCH_ELEMENTS = 1 << 20
+BATCH_TIME_SHARE = 0.1
+
+
 def run_battery(search: Search) -> None:
-    for case in battery(search):
-        search.evaluate(case)
+    """The battery's cases (:func:`battery`), evaluated in order until the first that fails.
+    Their rows do not depend on what the target answers, so where the expression needs the
+    weights and the normalizer runs behind the process boundary, the weights of the next few
+    cases are computed in one request (:func:`prefetch`): the same calls on the same rows, the
+    same evaluations in the same order; a request that fails is done again a case at a time,
+    so an error is reported on its own case."""
+    cases = battery(search)
+    batched = batchable(search)
+    size = 1
+    while True:
+        room = max(1, min(size, search.phase_left(), search.left()))
+        chunk, elements = [], 0
+        for case in cases:
+            chunk.append(case)
+            elements += int(case.scores.numel())
+            if len(chunk) >= room or elements >= BATCH_ELEMENTS:
+                break
+        if not chunk:
+            return
+        weights = prefetch(search, chunk) if batched and len(chunk) >= 2 else None
+        for i, case in enumerate(chunk):
+            search.evaluate(case, None if weights is None else weights[i])
+            if weights is None:  # one request per case: its target time is the heartbeat's
+                timing = heartbeat.last_example()
+                search.per_call = max(search.per_call, 0.0 if timing is None
+                                      else timing.target_s)
+        size = max(1, min(2 * size, BATCH_MAX, batch_room(search)))
+
+
+def batchable(search: Search) -> bool:
+    """Whether the search can have the weights of several cases computed in one request: the
+    expression needs the weights (:data:`attnverify.quantities.WEIGHTED`) and the normalizer
+    offers the request (a proxy of one behind the process boundary)."""
+    fn = getattr(search.spec, "fn", None)
+    return bool(search.ineq.names & WEIGHTED) and callable(getattr(fn, "many", None))
+
+
+def batch_room(search: Search) -> int:
+    """How many calls one request may hold by the target's slowest time per call so far:
+    :data:`BATCH_TIME_SHARE` of the per-example time limit (:data:`BATCH_MAX` before any)."""
+    if search.per_call <= 0:
+        return BATCH_MAX
+    limit = BATCH_TIME_SHARE * float(getattr(search.ctx, "timeout_s", None) or 30.0)
+    return min(BATCH_MAX, int(limit / search.per_call))
+
+
+def prefetch(search: Search, chunk: list[FalsifyCase]) -> list | None:
+    """The normalizer's weights on each case of ``chunk`` in one request
+    (:func:`attnverify.quantities.weights_many`), and the time per call noted in
+    ``search.per_call``; ``None`` where the request failed (the target raised, refused, died or
+    hung on one of them): the cases are then evaluated one at a time, where the failure is met
+    again on its own case."""
+    start = time.monotonic()
+    try:
+        weights = weights_many(search.spec, [(c.scores, c.temperature) for c in chunk],
+                               search.params)
+    except (Exception, WorkerFailed):  # noqa: BLE001 - met again, and reported, on its own case
+        weights = None
+    search.per_call = max(search.per_call, (time.monotonic() - start) / len(chunk))
+    return weights
 
 
 # --------------------------------------------------------------------------------------------
@@ -959,6 +1040,7 @@ def run_polish(search: Search) -> None:
 
     starts = polish_starts(search)
     counts = sorted(search.ineq.names & DISCRETE)
+    batched = batchable(search)
     for i, start in enumerate(starts):
         left = search.phase_left()
         if left < 2:
@@ -968,13 +1050,16 @@ def run_polish(search: Search) -> None:
         shape = _Polish(start.ev.case, search.free_temperature, start.groups, start.levels,
                         start.kind)
         x0, bounds = shape.start()
+        simplex = _simplex(x0, bounds)
+        ahead = _prefetch_simplex(search, shape, simplex, cap) if batched else {}
         progress = {"best": -math.inf, "since": 0, "seen": []}
         patience = max(POLISH_PATIENCE, 3 * (len(x0) + 1))
 
-        def objective(x, shape=shape, cap=cap, progress=progress, patience=patience) -> float:
+        def objective(x, shape=shape, cap=cap, progress=progress, patience=patience,
+                      ahead=ahead) -> float:
             if search.evaluations >= cap or progress["since"] >= patience:
                 raise _Spent()
-            ev = search.evaluate(shape.build(x))
+            ev = search.evaluate(shape.build(x), ahead.pop(_point(x), None))
             score = merit(ev)
             progress["seen"].append((list(x), score, tuple(ev.values.get(n) for n in counts)))
             if score > progress["best"] + 1e-12:
@@ -986,13 +1071,34 @@ def run_polish(search: Search) -> None:
         try:
             minimize(objective, x0, method="Nelder-Mead", bounds=bounds,
                      options={"maxfev": cap - search.evaluations,
-                              "initial_simplex": _simplex(x0, bounds),
+                              "initial_simplex": simplex,
                               "xatol": 1e-9, "fatol": 1e-15, "adaptive": len(x0) > 4})
         except _Spent:
             if search.evaluations >= search.phase_cap or search.out_of_time():
                 raise
         if counts:
             _bisect_boundary(search, shape, progress["seen"], counts)
+
+
+def _point(x) -> tuple[float, ...]:
+    return tuple(float(v) for v in x)
+
+
+def _prefetch_simplex(search: Search, shape: _Polish, simplex: list[list[float]],
+                      cap: int) -> dict[tuple[float, ...], torch.Tensor]:
+    """The weights at the points of a start's simplex (Nelder–Mead evaluates them first, in
+    order, whatever they give), in one request (:func:`prefetch`), by point; the objective
+    takes a point's weights from here instead of a request of its own. Empty where one request
+    per point it is (fewer than two points within the cap, or calls too slow to group)."""
+    n = min(len(simplex), cap - search.evaluations, search.phase_left(), batch_room(search))
+    points = simplex[:n]
+    cases = [shape.build(x) for x in points]
+    if n < 2 or sum(int(c.scores.numel()) for c in cases) > BATCH_ELEMENTS:
+        return {}
+    weights = prefetch(search, cases)
+    if weights is None:
+        return {}
+    return {_point(x): w for x, w in zip(points, weights)}
 
 
 #: Quantities that take integer values: where they change, a bound on them has its edges.

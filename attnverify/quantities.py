@@ -43,6 +43,7 @@ class Case:
         row: Tensor,
         temperature: float | None = None,
         params: Mapping[str, Any] | None = None,
+        weights: Tensor | None = None,
     ) -> None:
         self.spec = spec
         self.row = torch.as_tensor(row, dtype=torch.float64).detach().reshape(-1)
@@ -52,6 +53,8 @@ class Case:
             chosen = self.overrides.get("temperature", spec.params["temperature"])
             self.temperature = float(chosen if temperature is None else temperature)
             self.overrides["temperature"] = self.temperature
+        if weights is not None:  # computed already, with the others of a batch (weights_many)
+            self.weights = weights.detach()
 
     def normalize(self, scores: Tensor) -> Tensor:
         return self.spec(scores, dim=-1, **self.overrides)
@@ -171,6 +174,9 @@ class Quantity:
     rounding: str = "weights"
     #: Takes integer values (a count of keys).
     count: bool = False
+    #: Computed from the weights (the normalizer called once on the row), and from nothing
+    #: else of the normalizer: :func:`weights_many` can compute them for many cases at once.
+    weighted: bool = False
 
 
 def _unmasked_weights(case: Case) -> Tensor:
@@ -233,33 +239,37 @@ def _quantities() -> dict[str, Quantity]:
             "max_weight",
             "largest weight over the unmasked keys",
             _over_unmasked(torch.max),
+            weighted=True,
         ),
         Quantity(
             "min_weight",
             "smallest weight over the unmasked keys",
             _over_unmasked(torch.min),
+            weighted=True,
         ),
         Quantity(
             "sum_weight",
             "sum of the weights of the unmasked keys",
             lambda c: float(_unmasked_weights(c).sum()),
+            weighted=True,
         ),
         Quantity(
             "sum_sq_weight",
             "sum of squared unmasked weights, Σα² (Lemma 3: ℓ1 total = 2(1 − Σα²))",
             lambda c: float((_unmasked_weights(c) ** 2).sum()),
+            weighted=True,
         ),
         Quantity(
             "entropy",
             "Shannon entropy −Σ α log α over the positive unmasked weights (nats)",
             _entropy,
-            rounding="entropy",
+            rounding="entropy", weighted=True,
         ),
         Quantity(
             "n_support",
             "number of unmasked keys with a nonzero weight",
             lambda c: int((_unmasked_weights(c) != 0).sum()),
-            rounding="exact", count=True,
+            rounding="exact", count=True, weighted=True,
         ),
         Quantity(
             "lambda",
@@ -300,6 +310,8 @@ def _quantities() -> dict[str, Quantity]:
 
 #: Every quantity, by name, in the order ``attnverify quantities`` lists them.
 QUANTITIES: dict[str, Quantity] = _quantities()
+#: The quantities computed from the weights alone (:attr:`Quantity.weighted`).
+WEIGHTED = frozenset(name for name, q in QUANTITIES.items() if q.weighted)
 
 
 #: Units of float64 rounding (2**-52) a computed weight may be off by, relative to its value:
@@ -413,15 +425,34 @@ def evaluate_quantities(
     row: Tensor,
     temperature: float | None = None,
     params: Mapping[str, Any] | None = None,
+    weights: Tensor | None = None,
 ) -> dict[str, float]:
     """The named quantities of one case, and only those; an unknown name is a usage error.
 
     ``row`` is one row of logits (converted to float64); ``temperature`` overrides the spec's
     (``T`` is 1 for a normalizer without temperature); ``params`` overrides other parameters.
+    ``weights``: the normalizer's output on this case, computed already (:func:`weights_many`);
+    the normalizer is then not called for the :data:`WEIGHTED` quantities.
     """
     names = list(dict.fromkeys(names))
     unknown = [n for n in names if n not in QUANTITIES]
     if unknown:
         raise UsageError(f"unknown quantity {unknown[0]!r} (known: {', '.join(QUANTITIES)})")
-    case = Case(spec, row, temperature, params)
+    case = Case(spec, row, temperature, params, weights=weights)
     return {name: float(QUANTITIES[name].compute(case)) for name in names}
+
+
+def weights_many(spec: NormalizerSpec, cases: list[tuple[Tensor, float | None]],
+                 params: Mapping[str, Any] | None = None) -> list[Tensor] | None:
+    """The weights of each ``(row, temperature)`` of ``cases``, in order, in one request to the
+    worker where the normalizer runs behind the process boundary (its proxy's ``many``: each
+    call with the very row and parameters :class:`Case` would call it with); ``None`` where the
+    normalizer offers no such request (a function called in this process). A call that raises
+    raises as the proxy's ``many`` does."""
+    many = getattr(spec.fn, "many", None)
+    if not callable(many) or not cases:
+        return None
+    built = [Case(spec, row, t, params) for row, t in cases]
+    out = many([c.row for c in built], dim=-1,
+               per_call=[{**spec.params, **c.overrides} for c in built])
+    return [w.detach() for w in out]

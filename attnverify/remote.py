@@ -1089,15 +1089,21 @@ class RemoteFunction:
 
         return jvp, vjp
 
-    def many(self, inputs: list, dim=-1, *, reuse: dict | None = None, **params) -> list:
+    def many(self, inputs: list, dim=-1, *, reuse: dict | None = None,
+             per_call: list[dict] | None = None, **params) -> list:
         """The function on each of ``inputs`` (no grad), in order, in one request; a call that
         raises raises :class:`TargetRaised` with its ``index``. ``reuse`` ``{i: j}``: call ``i``
         gets its values in the very tensor (storage, address) call ``j`` was given, after call
-        ``j`` returned."""
+        ``j`` returned. ``per_call``: the parameters of each call (over ``params``), as a call
+        ``fn(inputs[i], dim, **params, **per_call[i])`` would pass them."""
         kwargs = {"dim": dim, **self._overrides(params)}
+        if per_call is not None and len(per_call) != len(inputs):
+            raise ValueError("one set of parameters per input")
         calls, outputs = [], []
         for i, t in enumerate(inputs):
-            calls.append({"args": [{"$tensor": i}], "kwargs": kwargs})
+            own = kwargs if per_call is None else \
+                {"dim": dim, **self._overrides({**params, **per_call[i]})}
+            calls.append({"args": [{"$tensor": i}], "kwargs": own})
             if reuse and i in reuse:
                 calls[-1]["reuse"] = int(reuse[i])
             dtype = t.dtype if self.same_dtype else None

@@ -13,9 +13,10 @@ checkout and for another one (``BASE``: a checkout of an older commit, e.g. made
 add /tmp/base7e 7e72048``; each runs with ``PYTHONPATH`` set to its own tree and this interpreter),
 interleaved round by round so both meet the same load: certify of every built-in (ci; this checkout
 with its default ``--jobs`` and with ``--jobs 1``), one normalizer ``file.py:fn`` (dev and ci; and
-a failing one, ci, which exits 1),
-``certify --attention sdpa`` and of a user's eager kernel (ci) and two falsify bounds (ci; one with
-a Jacobian). For each it prints the median and best wall time, the CPU time of the whole process
+a failing one, ci, which exits 1), ``certify --attention sdpa`` and of a user's eager kernel (ci)
+and seven falsify bounds of the corpus (ci; true ones searched to the end of the budget and false
+ones, with and without a Jacobian). For each it prints the median and best wall time, the CPU
+time of the whole process
 tree (``getrusage(RUSAGE_CHILDREN)``: checker, zygote and workers; a process its parent never waits
 for, as a multiprocessing forkserver's children, is not counted), its peak memory (proportional set
 size of checker, zygote and workers together, sampled every 0.2 s with psutil; without psutil, the
@@ -53,6 +54,19 @@ SIDE_BY_SIDE = (
     ("falsify-ci", ["falsify", "softmax", "max_weight <= exp(2*a/T)/L", "--profile", "ci"], False),
     ("falsify-jacobian-ci", ["falsify", "softmax", "jacobian_spectral <= 1/(2*T)", "--profile",
                              "ci"], False),
+    # more of benchmarks/falsify_corpus.py: true bounds searched to the end of their budget
+    # (sparsemax, entmax15, an entry-wise Jacobian) and false ones found at once (one with a
+    # Jacobian)
+    ("falsify-sparsemax-ci", ["falsify", "sparsemax", "sum_sq_weight <= 1/L + L*(a/T)**2",
+                              "--profile", "ci"], False),
+    ("falsify-entmax15-ci", ["falsify", "entmax15", "max_weight <= (1/sqrt(L) + a/T)**2",
+                             "--profile", "ci"], False),
+    ("falsify-entry-ci", ["falsify", "softmax", "jacobian_entry <= 1/(4*T)", "--profile", "ci"],
+     False),
+    ("falsify-false-ci", ["falsify", "softmax", "max_weight <= exp(a/T)/L", "--profile", "ci"],
+     False),
+    ("falsify-jacobian-false-ci", ["falsify", "sparsemax", "jacobian_spectral <= 1/(2*T)",
+                                   "--profile", "ci"], False),
 )
 USER_FILE = "import torch\n\n\ndef fn(scores, dim=-1):\n    return torch.softmax(scores, dim)\n"
 #: ``{bad}``: a user's sparsemax with its threshold off by one (it fails most properties, and

@@ -20,13 +20,15 @@ spend at most the budget. Printed per method: false bounds found and missed, tru
 falsified (false alarms), median evaluations and seconds to the first witness (a miss counts as
 infinite). ``--json PATH`` writes ``{"methods": {name: {"found", "missed", "false_alarms",
 "median_evaluations_to_witness", "median_seconds_to_witness"}}, "bounds": [...]}``.
-``--speed`` also times the command line (``attnverify falsify TARGET INEQUALITY --profile …``,
+``--isolated`` runs attnverify's search with the target behind the process boundary (a worker
+process, as the command line runs it; the worker's start not timed). ``--speed`` also times the
+command line (``attnverify falsify TARGET INEQUALITY --profile …``,
 isolation included) on every bound and prints the medians with and without a Jacobian quantity,
 with the wall and CPU seconds (user + system, the worker process included) and the one-minute
 load average of the slowest runs.
 
     python benchmarks/falsify_power.py [--profile ci] [--evaluations N] [--seed S] [--only IDS]
-        [--methods NAMES] [--speed] [--json PATH]
+        [--methods NAMES] [--isolated] [--speed] [--json PATH]
 """
 
 from __future__ import annotations
@@ -88,13 +90,23 @@ def _free_temperature(spec) -> bool:
     return bool(spec.takes_temperature)
 
 
-def run_attnverify(bound: Bound, spec, budget: int, profile: str, seed: int) -> dict:
+def run_attnverify(bound: Bound, spec, budget: int, profile: str, seed: int,
+                   isolated: bool = False) -> dict:
+    """``isolated``: the target behind the process boundary, in a worker process, as the
+    command line runs it (the search of the same budget; the worker's start not timed)."""
+    from attnverify import remote
     from attnverify.certify import make_context
     from attnverify.falsify import falsify
 
-    ctx = make_context(profile, seed=seed, max_examples=budget, isolation=False)
+    ctx = make_context(profile, seed=seed, max_examples=budget, isolation=isolated)
+    if isolated:
+        spec = remote.open_normalizer(bound.target, dict(bound.params), ctx)
     start = time.perf_counter()
-    res = falsify(spec, bound.inequality, ctx, label=bound.target, params=dict(bound.params))
+    try:
+        res = falsify(spec, bound.inequality, ctx, label=bound.target, params=dict(bound.params))
+    finally:
+        if isolated:
+            remote.channel_of(spec).close()
     report = res.search
     return {"falsified": res.falsified, "evaluations": res.examples,
             "evaluations_to_witness": report.first_witness_evaluation if res.falsified else None,
@@ -236,6 +248,10 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=None, help="comma-separated bound ids")
     p.add_argument("--false-only", action="store_true", help="only the false bounds")
     p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--isolated", action="store_true",
+                   help="run attnverify's search with the target behind the process boundary "
+                   "(a worker process, as `attnverify falsify` runs it) instead of in this "
+                   "process")
     p.add_argument("--speed", action="store_true",
                    help="also time `attnverify falsify` on the command line for every bound")
     p.add_argument("--json", dest="json_path", default=None)
@@ -263,7 +279,9 @@ def main(argv=None) -> int:
     if args.false_only:
         bounds = [b for b in bounds if b.is_false]
     print(f"# falsify_power: {len(bounds)} bounds, {budget} evaluations per method and bound, "
-          f"profile {args.profile}, seed {args.seed}; attnverify {__version__}, torch "
+          f"profile {args.profile}, seed {args.seed}"
+          f"{', attnverify behind the process boundary' if args.isolated else ''}; "
+          f"attnverify {__version__}, torch "
           f"{torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     rows = []
@@ -276,7 +294,8 @@ def main(argv=None) -> int:
                "jacobian": jacobian(bound), "methods": {}}
         for name in methods:
             if name == "attnverify":
-                got = run_attnverify(bound, spec, budget, args.profile, args.seed)
+                got = run_attnverify(bound, spec, budget, args.profile, args.seed,
+                                     isolated=args.isolated)
             elif name == "hypothesis":
                 got = run_hypothesis(bound, spec, ineq, budget, args.seed)
             else:
@@ -306,7 +325,8 @@ def main(argv=None) -> int:
         for label, pick in (("without a Jacobian quantity", False), ("with one", True)):
             secs = [r["methods"]["attnverify"]["seconds"] for r in rows if r["jacobian"] == pick]
             if secs:
-                print(f"attnverify falsify in-process, {label}: median {_median(secs):.1f}s, "
+                where = "behind the process boundary" if args.isolated else "in-process"
+                print(f"attnverify falsify {where}, {label}: median {_median(secs):.1f}s, "
                       f"max {max(secs):.1f}s over {len(secs)} bounds")
     if args.speed:
         for label, pick in (("without a Jacobian quantity", False), ("with one", True)):
@@ -321,6 +341,10 @@ def main(argv=None) -> int:
                       f" max {max(secs):.1f}s over {len(secs)} bounds; slowest: {slow}")
     if args.json_path:
         write_json(args.json_path, jsonable({"methods": summary, "bounds": rows}))
+    if args.isolated:
+        from attnverify import remote
+
+        remote.shutdown()
     return 0
 
 
