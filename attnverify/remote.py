@@ -578,7 +578,10 @@ class Channel:
             return self._local(message, tensors, outputs)
         if self.sock is None:
             self._start()
-        need = sum(_span_bytes(t) + wire.ALIGN for t in tensors)
+        # a tensor given twice in one request (the lifting's K = V = I) is written once, and
+        # both arguments are views of those bytes, as they are views of one storage here
+        first = _first_positions(tensors)
+        need = sum(_span_bytes(t) + wire.ALIGN for i, t in enumerate(tensors) if first[i] == i)
         need += sum(math.prod(s) * _itemsize(d) + wire.ALIGN for s, d, _ in outputs)
         self._ensure_arena(need)
         # each request's tensors further along the arena than the last one's (from the start
@@ -589,15 +592,22 @@ class Channel:
             if self.arena.size > KEEP_ARENA:  # its pages go back; a far larger one than this
                 if self.arena.size > 4 * max(need, KEEP_ARENA):  # request needs is replaced
                     self._ensure_arena(need, replace=True)
-                else:
-                    self.arena.drop_pages()
+                else:  # those this request does not write over go back
+                    self.arena.drop_pages(need)
         else:
             self._check_late(everything=False)
         layout = wire.Layout(self.cursor)
-        slots = [wire.write_tensor(self.arena, layout, t, device=str(t.device)) for t in tensors]
-        # what each input slot must hold, to read back after the answer (and at later
-        # requests): the bytes of this process's own tensors, never read back from the arena
-        expected = self._expected([_raw(t).numpy().tobytes() for t in tensors], message)
+        slots, written = [], []
+        for i, t in enumerate(tensors):
+            if first[i] != i:
+                slots.append(slots[first[i]])
+                written.append(written[first[i]])
+                continue
+            slots.append(wire.write_tensor(self.arena, layout, t, device=str(t.device)))
+            # what the slot must hold, to read back after the answer (and at later requests):
+            # the bytes of this process's own tensors, never read back from the arena
+            written.append(_expected_bytes(t))
+        expected = self._expected(written, message)
         outs = [wire.output_slot(layout, shape, dtype or torch.float64, "cpu")
                 for shape, dtype, _ in outputs]
         self.cursor = layout.used
@@ -630,6 +640,8 @@ class Channel:
         here, not reported by the worker). Refused (a violation of the running property), and
         kept for ``no_mutation``."""
         for i, (slot, t) in enumerate(zip(slots, tensors)):
+            if any(slot is earlier for earlier in slots[:i]):
+                continue  # a tensor given twice: its bytes are read back once
             if slot.elements and not _same_bytes(self.arena, slot, expected[i]):
                 call = next((k for k, c in enumerate(message.get("calls") or ())
                              if c.get("args") and c["args"][0] == {"$tensor": i}), None)
@@ -665,7 +677,9 @@ class Channel:
         for entry in pending:
             if entry.seen:
                 continue
-            for slot, want in zip(entry.slots, entry.expected):
+            for i, (slot, want) in enumerate(zip(entry.slots, entry.expected)):
+                if any(slot is earlier for earlier in entry.slots[:i]):
+                    continue
                 if slot.elements and not _same_bytes(self.arena, slot, want):
                     entry.seen = True
                     self.monitor.effects.append(Event(
@@ -807,15 +821,27 @@ def _traceback(reply: dict) -> list[str] | None:
     return [printable(line, 300) for line in lines]
 
 
-def _bytes_at(arena, slot) -> bytes:
-    """A copy of the arena's bytes of ``slot`` (its whole storage span)."""
-    return arena.buffer[slot.offset:slot.offset + slot.nbytes]
+def _same_bytes(arena, slot, want) -> bool:
+    """Whether the arena still holds ``want`` (the storage span's bytes, :func:`_expected_bytes`)
+    at ``slot``, byte for byte, compared in place (no copy of the arena's bytes)."""
+    n = len(want) if isinstance(want, (bytes, bytearray)) else want.numel()
+    return n == slot.nbytes and arena.same_bytes(slot.offset, want)
 
 
-def _same_bytes(arena, slot, want: bytes) -> bool:
-    """Whether the arena still holds ``want`` (the storage span's bytes, :func:`_raw`) at
-    ``slot``, byte for byte."""
-    return len(want) == slot.nbytes and _bytes_at(arena, slot) == want
+def _expected_bytes(t: torch.Tensor) -> torch.Tensor:
+    """What ``t``'s slot must hold after a call: its storage span's bytes (:func:`_raw`) in
+    storage of this process's own, one copy (a tensor marked constant, :func:`wire.constant`:
+    its own bytes, no copy)."""
+    raw = _raw(t)
+    if wire.is_constant(t) and t.device.type == "cpu":
+        return raw
+    return raw.clone() if t.device.type == "cpu" else raw  # off the CPU: .cpu() copied
+
+
+def _first_positions(tensors: list) -> list[int]:
+    """For each of ``tensors``, the index of its first occurrence (the same object)."""
+    seen: dict[int, int] = {}
+    return [seen.setdefault(id(t), i) for i, t in enumerate(tensors)]
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:
@@ -1148,6 +1174,10 @@ class RemoteKernelFunction:
 
 class RemoteAttentionFunction:
     """An attention kernel ``f(q, k, v, attn_mask, is_causal, scale, **kw)`` in a worker."""
+
+    #: The target is given copies of the arguments (the arena's bytes, or in-process fresh
+    #: storage), never the caller's tensors: a tensor the caller keeps may be passed again.
+    copies_inputs = True
 
     def __init__(self, channel: Channel, name: str):
         self.channel = channel
