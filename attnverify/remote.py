@@ -808,7 +808,13 @@ class Channel:
         raised.traceback = _traceback(reply)
         if raised.traceback is None:
             self._fail("answered with a malformed traceback")
-        raise raised
+        try:
+            raise raised
+        finally:
+            # no cycle exception -> traceback -> this frame -> exception: the frames of the
+            # request (its tensors, up to an L×L identity and torch.func's tangents) go when
+            # the exception is handled, not at the next cyclic collection
+            del raised
 
 
 def _traceback(reply: dict) -> list[str] | None:
@@ -833,15 +839,24 @@ def _expected_bytes(t: torch.Tensor) -> torch.Tensor:
     storage of this process's own, one copy (a tensor marked constant, :func:`wire.constant`:
     its own bytes, no copy)."""
     raw = _raw(t)
-    if wire.is_constant(t) and t.device.type == "cpu":
+    if wire.is_constant(t):
         return raw
     return raw.clone() if t.device.type == "cpu" else raw  # off the CPU: .cpu() copied
 
 
 def _first_positions(tensors: list) -> list[int]:
-    """For each of ``tensors``, the index of its first occurrence (the same object)."""
-    seen: dict[int, int] = {}
-    return [seen.setdefault(id(t), i) for i, t in enumerate(tensors)]
+    """For each of ``tensors``, the index of its first occurrence: the same object, or the same
+    view (sizes, strides, offset, dtype) of the storage of a constant (:func:`wire.constant`:
+    torch.func hands an autograd Function other objects over the same storage)."""
+    seen: dict = {}
+    out = []
+    for i, t in enumerate(tensors):
+        key = id(t)
+        if wire.is_constant(t):
+            key = ("constant", t.untyped_storage().data_ptr(), t.storage_offset(),
+                   tuple(t.shape), tuple(t.stride()), t.dtype)
+        out.append(seen.setdefault(key, i))
+    return out
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:
@@ -973,6 +988,12 @@ class _Call(torch.autograd.Function):
     def jvp(ctx, _site, *tangents):
         tensors = ctx.saved_tensors
         wrt = tuple(i for i, t in enumerate(tangents) if t is not None)
+        # torch.func gives the inputs it does not differentiate (the lifting's K = V = I) a
+        # tangent of zeros: J·t is linear in t, so those are not sent (two L×L tensors at
+        # L = 4097 each, in this process, the arena and the target's forward mode); the target
+        # differentiates with respect to the others, as it would be in one process
+        moving = tuple(i for i in wrt if bool(tangents[i].any()))
+        wrt = moving or wrt[:1]
         return _JVP.apply(ctx.site, wrt, len(tensors), *tensors,
                           *(tangents[i] for i in wrt))
 

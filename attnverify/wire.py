@@ -388,22 +388,37 @@ _ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "bool": 1,
              "int32": 4, "int16": 2, "int8": 1, "uint8": 1}
 
 
+#: Tensors marked :func:`constant`, by the address of their storage: ``(weak reference, the
+#: storage's write count then)``. By storage, not by object: torch.func hands an autograd
+#: Function other tensor objects over the same storage.
+_CONSTANTS: dict = {}
+
+
 def constant(t):
     """Mark ``t`` (a CPU tensor of the sender's own that nothing writes into again, such as the
-    lifting's identity built once per process) as constant: a request that sends it may keep
-    ``t`` itself as what its slot must hold after the call instead of a copy of its bytes
-    (``remote._expected_bytes``). Torch counts every write into a tensor (``_version``): a
-    constant written into after all is an internal error where it is next sent."""
-    t._attnverify_constant = t._version
+    lifting's identity built once per process) as constant: a request that sends it, or another
+    view of its storage, may keep its bytes as what its slot must hold after the call instead of
+    a copy (``remote._expected_bytes``), and send it once when it is given twice. Torch counts
+    every write into a storage (``_version``, shared by its views): a constant written into
+    after all is an internal error where it is next sent."""
+    import weakref  # torch-free: the zygote imports wire first
+
+    for key in [k for k, (ref, _) in _CONSTANTS.items() if ref() is None]:
+        del _CONSTANTS[key]
+    _CONSTANTS[t.untyped_storage().data_ptr()] = (weakref.ref(t), t._version)
     return t
 
 
 def is_constant(t) -> bool:
-    """Whether ``t`` is marked :func:`constant` (``RuntimeError`` if written into since)."""
-    version = getattr(t, "_attnverify_constant", None)
-    if version is None:
+    """Whether ``t`` is a view of the storage of a live tensor marked :func:`constant`
+    (``RuntimeError`` if that storage was written into since)."""
+    if not _CONSTANTS or t.device.type != "cpu":
         return False
-    if version != t._version:
+    entry = _CONSTANTS.get(t.untyped_storage().data_ptr())
+    owner = entry[0]() if entry is not None else None
+    if owner is None or owner.untyped_storage().data_ptr() != t.untyped_storage().data_ptr():
+        return False
+    if t._version != entry[1]:
         raise RuntimeError("attnverify: a tensor marked constant was written into")
     return True
 

@@ -60,6 +60,10 @@ def test_expected_bytes_are_a_copy_except_for_a_constant():
                                                                    .flatten())
     c = wire.constant(torch.randn(4, 5))
     assert remote._expected_bytes(c).data_ptr() == c.data_ptr()
+    other = c.detach()  # another object over the same storage (as torch.func hands over)
+    assert other is not c and wire.is_constant(other)
+    assert remote._first_positions([t, c, other, t, c.T]) == [0, 1, 1, 0, 4]
+    assert not wire.is_constant(c.clone())
     c.add_(1)  # a constant written into is an internal error, never a wrong comparison
     with pytest.raises(RuntimeError, match="marked constant was written into"):
         remote._expected_bytes(c)
@@ -136,3 +140,80 @@ def test_a_kernel_writing_into_the_shared_identity_is_refused(tmp_path, capsys, 
     shape = next(r for r in target["results"] if r["property"] == "shape")
     assert shape["status"] == "violated" and "wrote into its input" in shape["message"]
     assert lift._identity.cache_info().currsize <= 1
+
+
+EAGER = '''import torch
+
+
+def attn(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    scores = query @ key.transpose(-2, -1) * (1.0 if scale is None else scale)
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return torch.softmax(scores, -1) @ value
+'''
+
+
+def test_forward_mode_sends_no_tangent_of_zeros(tmp_path, monkeypatch):
+    """``torch.func.jvp`` of the lifted kernel: the zero tangents torch.func gives K and V are
+    not sent; J·v equals the kernel's own in one process, bit for bit."""
+    from attnverify.attention.loader import load_attention
+
+    path = tmp_path / "eager.py"
+    path.write_text(EAGER)
+    sent = []
+    real = remote.Channel.request
+
+    def recording(self, message, tensors, outputs):
+        if message["op"] == "jvp":
+            sent.append((message["wrt"], [tuple(t.shape) for t in tensors]))
+        return real(self, message, tensors, outputs)
+
+    monkeypatch.setattr(remote.Channel, "request", recording)
+    spec = remote.open_attention(f"{path}:attn", {}, make_context("dev"))
+    try:
+        z = torch.randn(2, 6, dtype=torch.float64)
+        z[0, 2] = float("-inf")
+        v = torch.randn(2, 6, dtype=torch.float64)
+        primal, jv = torch.func.jvp(lift.lift(spec).fn, (z,), (v,))
+        own = lift.lift(load_attention(f"{path}:attn")).fn
+        primal_here, jv_here = torch.func.jvp(own, (z,), (v,))
+    finally:
+        remote.shutdown()
+    assert sent == [([0], [(1, 1, 2, 6), (1, 1, 6, 6), (1, 1, 6, 6), (1, 1, 2, 6),
+                           (1, 1, 2, 6)])]
+    assert torch.equal(jv, jv_here) and torch.equal(primal, primal_here)
+
+
+RAISES = '''def attn(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    raise ValueError("no")
+'''
+
+
+def test_a_raising_target_leaves_no_cycle_holding_the_request(tmp_path):
+    """A call the target answers with an error frees its inputs when the error is handled, not
+    at the next cyclic collection (a cycle through the raising frame held the request's tensors:
+    hundreds of MB at L = 4097 in forward mode)."""
+    import gc
+    import weakref
+
+    path = tmp_path / "raises.py"
+    path.write_text(RAISES)
+    spec = remote.open_attention(f"{path}:attn", {}, make_context("dev"))
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        scores = torch.randn(1, 1, 3, 7, dtype=torch.float64)
+        ref = weakref.ref(scores)
+        try:
+            spec(scores, scores, scores)
+        except remote.TargetRaised as exc:
+            assert "no" in str(exc)
+        else:
+            raise AssertionError("the target's error was not raised")
+        del scores
+        assert ref() is None
+    finally:
+        if enabled:
+            gc.enable()
+        remote.shutdown()
