@@ -639,9 +639,11 @@ class Channel:
         arguments (the worker gives a CPU target the arena's bytes themselves, so this is read
         here, not reported by the worker). Refused (a violation of the running property), and
         kept for ``no_mutation``."""
+        read = set()
         for i, (slot, t) in enumerate(zip(slots, tensors)):
-            if any(slot is earlier for earlier in slots[:i]):
+            if id(slot) in read:
                 continue  # a tensor given twice: its bytes are read back once
+            read.add(id(slot))
             if slot.elements and not _same_bytes(self.arena, slot, expected[i]):
                 call = next((k for k, c in enumerate(message.get("calls") or ())
                              if c.get("args") and c["args"][0] == {"$tensor": i}), None)
@@ -677,9 +679,11 @@ class Channel:
         for entry in pending:
             if entry.seen:
                 continue
-            for i, (slot, want) in enumerate(zip(entry.slots, entry.expected)):
-                if any(slot is earlier for earlier in entry.slots[:i]):
+            read = set()
+            for slot, want in zip(entry.slots, entry.expected):
+                if id(slot) in read:
                     continue
+                read.add(id(slot))
                 if slot.elements and not _same_bytes(self.arena, slot, want):
                     entry.seen = True
                     self.monitor.effects.append(Event(

@@ -34,6 +34,7 @@ import struct
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -401,8 +402,6 @@ def constant(t):
     a copy (``remote._expected_bytes``), and send it once when it is given twice. Torch counts
     every write into a storage (``_version``, shared by its views): a constant written into
     after all is an internal error where it is next sent."""
-    import weakref  # torch-free: the zygote imports wire first
-
     for key in [k for k, (ref, _) in _CONSTANTS.items() if ref() is None]:
         del _CONSTANTS[key]
     _CONSTANTS[t.untyped_storage().data_ptr()] = (weakref.ref(t), t._version)
@@ -414,9 +413,13 @@ def is_constant(t) -> bool:
     (``RuntimeError`` if that storage was written into since)."""
     if not _CONSTANTS or t.device.type != "cpu":
         return False
-    entry = _CONSTANTS.get(t.untyped_storage().data_ptr())
+    try:
+        address = t.untyped_storage().data_ptr()
+    except (NotImplementedError, RuntimeError):  # a torch.func wrapper: no storage of its own
+        return False
+    entry = _CONSTANTS.get(address)
     owner = entry[0]() if entry is not None else None
-    if owner is None or owner.untyped_storage().data_ptr() != t.untyped_storage().data_ptr():
+    if owner is None or owner.untyped_storage().data_ptr() != address:
         return False
     if t._version != entry[1]:
         raise RuntimeError("attnverify: a tensor marked constant was written into")

@@ -124,6 +124,7 @@ def attn(query, key, value, attn_mask=None, is_causal=False, scale=None):
 '''
 
 
+@pytest.mark.slow  # a whole certification (dev profile, few examples) per isolation mode
 @pytest.mark.parametrize("isolation", [[], ["--no-isolation"]])
 def test_a_kernel_writing_into_the_shared_identity_is_refused(tmp_path, capsys, isolation):
     """The lifting gives K and V as one identity (written once, built once): a kernel that

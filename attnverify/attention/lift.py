@@ -67,8 +67,11 @@ def _identity(length: int, dtype: torch.dtype) -> torch.Tensor:
     ``L = 4097`` in float64, is 134 MB) for a kernel behind the process boundary, which gets a
     copy of it; marked constant (:func:`attnverify.wire.constant`), so that no copy of its bytes
     is kept to read the arena back against. Never handed to a kernel in this process, which
-    could write into it."""
-    return wire.constant(torch.eye(length, dtype=dtype)[None, None])
+    could write into it. Built outside any torch.func transform the first call may run under
+    (a cached wrapper of ``torch.func.jvp`` would outlive it): a plain tensor, a constant of the
+    transformed function."""
+    with torch._C._DisableFuncTorch():  # private, but what torch.func itself uses to do so
+        return wire.constant(torch.eye(length, dtype=dtype)[None, None])
 
 
 def lifted_claims(attention: AttentionSpec) -> tuple[str, ...]:
