@@ -578,9 +578,10 @@ class Channel:
             return self._local(message, tensors, outputs)
         if self.sock is None:
             self._start()
-        # a tensor given twice in one request (the lifting's K = V = I) is written once, and
-        # both arguments are views of those bytes, as they are views of one storage here
-        first = _first_positions(tensors)
+        # a tensor given twice to one call (the lifting's K = V = I) is written once, and both
+        # arguments are views of those bytes, as they are views of one storage here; never
+        # across the calls of a request, whose inputs the worker writes into (``reuse``)
+        first = list(range(len(tensors))) if "calls" in message else _first_positions(tensors)
         need = sum(_span_bytes(t) + wire.ALIGN for i, t in enumerate(tensors) if first[i] == i)
         need += sum(math.prod(s) * _itemsize(d) + wire.ALIGN for s, d, _ in outputs)
         self._ensure_arena(need)

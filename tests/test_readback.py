@@ -218,3 +218,17 @@ def test_a_raising_target_leaves_no_cycle_holding_the_request(tmp_path):
         if enabled:
             gc.enable()
         remote.shutdown()
+
+
+def test_a_tensor_given_to_several_calls_of_one_request_is_not_shared():
+    """Across the calls of one ``calls`` request nothing is written once for two: a call whose
+    values go into an earlier call's storage (``reuse``) would change the other's input."""
+    spec = remote.open_normalizer("softmax", {}, make_context("dev"))
+    try:
+        a = torch.tensor([[0.0, 1.0, 2.0]], dtype=torch.float64)
+        b = torch.tensor([[2.0, 1.0, 0.0]], dtype=torch.float64)
+        out = spec.fn.many([a, b, a], reuse={1: 0})
+    finally:
+        remote.shutdown()
+    assert torch.equal(out[0], torch.softmax(a, -1)) and torch.equal(out[2], out[0])
+    assert torch.equal(out[1], torch.softmax(b, -1))
