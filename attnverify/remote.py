@@ -578,7 +578,11 @@ class Channel:
             return self._local(message, tensors, outputs)
         if self.sock is None:
             self._start()
-        need = sum(_span_bytes(t) + wire.ALIGN for t in tensors)
+        # a tensor given twice to one call (the lifting's K = V = I) is written once, and both
+        # arguments are views of those bytes, as they are views of one storage here; never
+        # across the calls of a request, whose inputs the worker writes into (``reuse``)
+        first = list(range(len(tensors))) if "calls" in message else _first_positions(tensors)
+        need = sum(_span_bytes(t) + wire.ALIGN for i, t in enumerate(tensors) if first[i] == i)
         need += sum(math.prod(s) * _itemsize(d) + wire.ALIGN for s, d, _ in outputs)
         self._ensure_arena(need)
         # each request's tensors further along the arena than the last one's (from the start
@@ -589,15 +593,22 @@ class Channel:
             if self.arena.size > KEEP_ARENA:  # its pages go back; a far larger one than this
                 if self.arena.size > 4 * max(need, KEEP_ARENA):  # request needs is replaced
                     self._ensure_arena(need, replace=True)
-                else:
-                    self.arena.drop_pages()
+                else:  # those this request does not write over go back
+                    self.arena.drop_pages(need)
         else:
             self._check_late(everything=False)
         layout = wire.Layout(self.cursor)
-        slots = [wire.write_tensor(self.arena, layout, t, device=str(t.device)) for t in tensors]
-        # what each input slot must hold, to read back after the answer (and at later
-        # requests): the bytes of this process's own tensors, never read back from the arena
-        expected = self._expected([_raw(t).numpy().tobytes() for t in tensors], message)
+        slots, written = [], []
+        for i, t in enumerate(tensors):
+            if first[i] != i:
+                slots.append(slots[first[i]])
+                written.append(written[first[i]])
+                continue
+            slots.append(wire.write_tensor(self.arena, layout, t, device=str(t.device)))
+            # what the slot must hold, to read back after the answer (and at later requests):
+            # the bytes of this process's own tensors, never read back from the arena
+            written.append(_expected_bytes(t))
+        expected = self._expected(written, message)
         outs = [wire.output_slot(layout, shape, dtype or torch.float64, "cpu")
                 for shape, dtype, _ in outputs]
         self.cursor = layout.used
@@ -629,7 +640,11 @@ class Channel:
         arguments (the worker gives a CPU target the arena's bytes themselves, so this is read
         here, not reported by the worker). Refused (a violation of the running property), and
         kept for ``no_mutation``."""
+        read = set()
         for i, (slot, t) in enumerate(zip(slots, tensors)):
+            if id(slot) in read:
+                continue  # a tensor given twice: its bytes are read back once
+            read.add(id(slot))
             if slot.elements and not _same_bytes(self.arena, slot, expected[i]):
                 call = next((k for k, c in enumerate(message.get("calls") or ())
                              if c.get("args") and c["args"][0] == {"$tensor": i}), None)
@@ -665,7 +680,11 @@ class Channel:
         for entry in pending:
             if entry.seen:
                 continue
+            read = set()
             for slot, want in zip(entry.slots, entry.expected):
+                if id(slot) in read:
+                    continue
+                read.add(id(slot))
                 if slot.elements and not _same_bytes(self.arena, slot, want):
                     entry.seen = True
                     self.monitor.effects.append(Event(
@@ -794,7 +813,13 @@ class Channel:
         raised.traceback = _traceback(reply)
         if raised.traceback is None:
             self._fail("answered with a malformed traceback")
-        raise raised
+        try:
+            raise raised
+        finally:
+            # no cycle exception -> traceback -> this frame -> exception: the frames of the
+            # request (its tensors, up to an L×L identity and torch.func's tangents) go when
+            # the exception is handled, not at the next cyclic collection
+            del raised
 
 
 def _traceback(reply: dict) -> list[str] | None:
@@ -807,15 +832,36 @@ def _traceback(reply: dict) -> list[str] | None:
     return [printable(line, 300) for line in lines]
 
 
-def _bytes_at(arena, slot) -> bytes:
-    """A copy of the arena's bytes of ``slot`` (its whole storage span)."""
-    return arena.buffer[slot.offset:slot.offset + slot.nbytes]
+def _same_bytes(arena, slot, want) -> bool:
+    """Whether the arena still holds ``want`` (the storage span's bytes, :func:`_expected_bytes`)
+    at ``slot``, byte for byte, compared in place (no copy of the arena's bytes)."""
+    n = len(want) if isinstance(want, (bytes, bytearray)) else want.numel()
+    return n == slot.nbytes and arena.same_bytes(slot.offset, want)
 
 
-def _same_bytes(arena, slot, want: bytes) -> bool:
-    """Whether the arena still holds ``want`` (the storage span's bytes, :func:`_raw`) at
-    ``slot``, byte for byte."""
-    return len(want) == slot.nbytes and _bytes_at(arena, slot) == want
+def _expected_bytes(t: torch.Tensor) -> torch.Tensor:
+    """What ``t``'s slot must hold after a call: its storage span's bytes (:func:`_raw`) in
+    storage of this process's own, one copy (a tensor marked constant, :func:`wire.constant`:
+    its own bytes, no copy)."""
+    raw = _raw(t)
+    if wire.is_constant(t):
+        return raw
+    return raw.clone() if t.device.type == "cpu" else raw  # off the CPU: .cpu() copied
+
+
+def _first_positions(tensors: list) -> list[int]:
+    """For each of ``tensors``, the index of its first occurrence: the same object, or the same
+    view (sizes, strides, offset, dtype) of the storage of a constant (:func:`wire.constant`:
+    torch.func hands an autograd Function other objects over the same storage)."""
+    seen: dict = {}
+    out = []
+    for i, t in enumerate(tensors):
+        key = id(t)
+        if wire.is_constant(t):
+            key = ("constant", t.untyped_storage().data_ptr(), t.storage_offset(),
+                   tuple(t.shape), tuple(t.stride()), t.dtype)
+        out.append(seen.setdefault(key, i))
+    return out
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:
@@ -947,6 +993,12 @@ class _Call(torch.autograd.Function):
     def jvp(ctx, _site, *tangents):
         tensors = ctx.saved_tensors
         wrt = tuple(i for i, t in enumerate(tangents) if t is not None)
+        # torch.func gives the inputs it does not differentiate (the lifting's K = V = I) a
+        # tangent of zeros: J·t is linear in t, so those are not sent (two L×L tensors at
+        # L = 4097 each, in this process, the arena and the target's forward mode); the target
+        # differentiates with respect to the others, as it would be in one process
+        moving = tuple(i for i in wrt if bool(tangents[i].any()))
+        wrt = moving or wrt[:1]
         return _JVP.apply(ctx.site, wrt, len(tensors), *tensors,
                           *(tangents[i] for i in wrt))
 
@@ -1154,6 +1206,10 @@ class RemoteKernelFunction:
 
 class RemoteAttentionFunction:
     """An attention kernel ``f(q, k, v, attn_mask, is_causal, scale, **kw)`` in a worker."""
+
+    #: The target is given copies of the arguments (the arena's bytes, or in-process fresh
+    #: storage), never the caller's tensors: a tensor the caller keeps may be passed again.
+    copies_inputs = True
 
     def __init__(self, channel: Channel, name: str):
         self.channel = channel

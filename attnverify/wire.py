@@ -34,6 +34,7 @@ import struct
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,38 +214,60 @@ class Arena:
     that nothing but the channel stays open in the worker (Python's ``mmap`` keeps a duplicate
     of the descriptor; the mapping is made with libc's ``mmap`` where it can be)."""
 
-    def __init__(self, buffer, size: int, fd: int | None = None, unmap=None, drop=None):
+    def __init__(self, buffer, size: int, fd: int | None = None, unmap=None, drop=None,
+                 compare=None):
         self.buffer, self.size, self.fd, self._unmap = buffer, size, fd, unmap
-        self._drop = drop
+        self._drop, self._compare = drop, compare
 
     @classmethod
     def create(cls, size: int) -> Arena:
         size = max(MIN_ARENA, _round_up(size, mmap.PAGESIZE))
         fd = _memfd(size)
-        buffer, unmap, drop = _map(fd, size)
-        return cls(buffer, size, fd, unmap, drop)
+        buffer, unmap, drop, compare = _map(fd, size)
+        return cls(buffer, size, fd, unmap, drop, compare)
 
     @classmethod
     def attach(cls, fd: int, size: int) -> Arena:
         try:
             if os.fstat(fd).st_size < size:
                 raise ProtocolError("the arena is smaller than announced")
-            buffer, unmap, drop = _map(fd, size)
+            buffer, unmap, drop, compare = _map(fd, size)
         finally:
             os.close(fd)
-        return cls(buffer, size, None, unmap, drop)
+        return cls(buffer, size, None, unmap, drop, compare)
 
     def release_fd(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
 
-    def drop_pages(self) -> None:
-        """Give the arena's memory back (its bytes read as zeros after): in both processes,
-        also where the other one keeps it mapped (the worker keeps a replaced arena mapped,
-        since the target may hold views of it). Nothing where the platform cannot."""
-        if self._drop is not None:
-            self._drop()
+    def drop_pages(self, start: int = 0) -> None:
+        """Give the arena's memory from byte ``start`` on back (those bytes read as zeros
+        after; ``start`` is rounded up to a page): in both processes, also where the other one
+        keeps it mapped (the worker keeps a replaced arena mapped, since the target may hold
+        views of it). Nothing where the platform cannot."""
+        start = _round_up(max(0, start), mmap.PAGESIZE)
+        if self._drop is not None and start < self.size:
+            self._drop(start, self.size - start)
+
+    def same_bytes(self, offset: int, want) -> bool:
+        """Whether the arena holds ``want`` (bytes, or a contiguous CPU tensor: its bytes) at
+        ``offset``, compared in place (``memcmp``: no copy of either side, which for a large
+        input would cost as much memory again and more time than the comparison)."""
+        if isinstance(want, (bytes, bytearray)):
+            n, pointer = len(want), want
+        else:
+            n, pointer = want.numel() * want.element_size(), want.data_ptr()
+        if offset < 0 or offset + n > self.size:
+            return False
+        if n == 0:
+            return True
+        if self._compare is not None:
+            return self._compare(offset, pointer, n)
+        here = bytes(self.buffer[offset:offset + n])
+        if isinstance(want, (bytes, bytearray)):
+            return here == bytes(want)
+        return here == want.numpy().tobytes()
 
     def close(self) -> None:
         self.release_fd()
@@ -261,9 +284,10 @@ MADV_REMOVE = 9
 
 
 def _map(fd: int, size: int):
-    """``(writable buffer, unmap, drop)`` over ``size`` bytes of ``fd``, shared; the buffer does
-    not hold the descriptor; ``drop()`` frees the file's pages (``MADV_REMOVE``), ``None`` where
-    that is not available."""
+    """``(writable buffer, unmap, drop, compare)`` over ``size`` bytes of ``fd``, shared; the
+    buffer does not hold the descriptor; ``drop(start, length)`` frees those bytes' pages in
+    the file (``MADV_REMOVE``), ``None`` where that is not available; ``compare(offset,
+    pointer, n)`` compares ``n`` bytes in place (``memcmp``), ``None`` without libc."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
@@ -276,17 +300,23 @@ def _map(fd: int, size: int):
         buffer = (ctypes.c_char * size).from_address(address)
 
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        libc.memcmp.restype = ctypes.c_int
 
         def unmap():
             libc.munmap(address, size)
 
-        def drop():
-            libc.madvise(address, size, MADV_REMOVE)  # fails harmlessly where unsupported
+        def drop(start, length):
+            # fails harmlessly where unsupported
+            libc.madvise(address + start, length, MADV_REMOVE)
 
-        return buffer, unmap, drop if sys.platform.startswith("linux") else None
+        def compare(offset, pointer, n):
+            return libc.memcmp(address + offset, pointer, n) == 0
+
+        return buffer, unmap, drop if sys.platform.startswith("linux") else None, compare
     except (OSError, AttributeError):  # no libc mmap: Python's (which keeps a descriptor)
         buffer = mmap.mmap(fd, size)
-        return buffer, buffer.close, None
+        return buffer, buffer.close, None, None
 
 
 def _round_up(n: int, to: int) -> int:
@@ -357,6 +387,43 @@ class Slot:
 
 _ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int64": 8,
              "int32": 4, "int16": 2, "int8": 1, "uint8": 1}
+
+
+#: Tensors marked :func:`constant`, by the address of their storage: ``(weak reference, the
+#: storage's write count then)``. By storage, not by object: torch.func hands an autograd
+#: Function other tensor objects over the same storage.
+_CONSTANTS: dict = {}
+
+
+def constant(t):
+    """Mark ``t`` (a CPU tensor of the sender's own that nothing writes into again, such as the
+    lifting's identity built once per process) as constant: a request that sends it, or another
+    view of its storage, may keep its bytes as what its slot must hold after the call instead of
+    a copy (``remote._expected_bytes``), and send it once when it is given twice. Torch counts
+    every write into a storage (``_version``, shared by its views): a constant written into
+    after all is an internal error where it is next sent."""
+    for key in [k for k, (ref, _) in _CONSTANTS.items() if ref() is None]:
+        del _CONSTANTS[key]
+    _CONSTANTS[t.untyped_storage().data_ptr()] = (weakref.ref(t), t._version)
+    return t
+
+
+def is_constant(t) -> bool:
+    """Whether ``t`` is a view of the storage of a live tensor marked :func:`constant`
+    (``RuntimeError`` if that storage was written into since)."""
+    if not _CONSTANTS or t.device.type != "cpu":
+        return False
+    try:
+        address = t.untyped_storage().data_ptr()
+    except (NotImplementedError, RuntimeError):  # a torch.func wrapper: no storage of its own
+        return False
+    entry = _CONSTANTS.get(address)
+    owner = entry[0]() if entry is not None else None
+    if owner is None or owner.untyped_storage().data_ptr() != address:
+        return False
+    if t._version != entry[1]:
+        raise RuntimeError("attnverify: a tensor marked constant was written into")
+    return True
 
 
 def dtype_name(dtype) -> str:

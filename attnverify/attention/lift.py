@@ -16,9 +16,11 @@ are checked by the attention-level properties on generated ``Q``, ``K``, ``V``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
+from attnverify import wire
 from attnverify.attention.loader import load_attention
 from attnverify.attention.spec import AttentionSpec
 from attnverify.errors import TargetError
@@ -50,10 +52,26 @@ class Lifted:
         rows = z.reshape(1, 1, -1, length)
         masked = rows == NEG_INF
         q = rows.masked_fill(masked, 0.0)
-        eye = torch.eye(length, dtype=scores.dtype, device=scores.device)[None, None]
+        if getattr(self.attention.fn, "copies_inputs", False) and scores.device.type == "cpu":
+            eye = _identity(length, scores.dtype)  # the kernel gets a copy: built once
+        else:
+            eye = torch.eye(length, dtype=scores.dtype, device=scores.device)[None, None]
         mask = ~masked if bool(masked.any()) else None
         out = self.attention(q, eye, eye, attn_mask=mask, scale=1.0)
         return out.reshape(shape).movedim(-1, dim)
+
+
+@functools.lru_cache(maxsize=1)  # the last length alone: a second would hold its memory
+def _identity(length: int, dtype: torch.dtype) -> torch.Tensor:
+    """``I_L`` as ``[1, 1, L, L]`` on the CPU, built once per length and dtype (the largest,
+    ``L = 4097`` in float64, is 134 MB) for a kernel behind the process boundary, which gets a
+    copy of it; marked constant (:func:`attnverify.wire.constant`), so that no copy of its bytes
+    is kept to read the arena back against. Never handed to a kernel in this process, which
+    could write into it. Built outside any torch.func transform the first call may run under
+    (a cached wrapper of ``torch.func.jvp`` would outlive it): a plain tensor, a constant of the
+    transformed function."""
+    with torch._C._DisableFuncTorch():  # private, but what torch.func itself uses to do so
+        return wire.constant(torch.eye(length, dtype=dtype)[None, None])
 
 
 def lifted_claims(attention: AttentionSpec) -> tuple[str, ...]:

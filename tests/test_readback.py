@@ -1,0 +1,234 @@
+"""The read-back of a request's inputs without copies (issue #27, ``certify --attention``): the
+arena compared in place, a tensor given twice written once, the lifting's identity built once
+and kept as its own expected bytes, and a wrapped arena keeping the pages it writes over next.
+Each still refuses a target that writes into what it was given."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from attnverify import remote, wire
+from attnverify.attention import lift
+from attnverify.attention.spec import attention_spec
+from attnverify.cli import main
+from attnverify.runconfig import make_context
+
+
+class _NoSlicing:
+    """An arena buffer that refuses to be sliced (a slice is a copy of its bytes)."""
+
+    def __init__(self, buffer):
+        self.buffer = buffer
+
+    def __getitem__(self, key):
+        raise AssertionError("the arena's bytes were copied to be compared")
+
+
+def test_arena_compares_in_place_and_rejects_any_difference():
+    arena = wire.Arena.create(1 << 20)
+    data = torch.arange(1000, dtype=torch.float64)
+    slot = wire.write_tensor(arena, wire.Layout(64), data)
+    want = data.view(torch.uint8).clone()
+    arena.buffer = _NoSlicing(arena.buffer)  # a comparison that copies fails here
+    assert remote._same_bytes(arena, slot, want)
+    assert remote._same_bytes(arena, slot, want.numpy().tobytes())
+    arena.buffer = arena.buffer.buffer
+    arena.buffer[slot.offset + 8 * 999 + 7] = b"\x01"  # the last byte of the last element
+    assert not remote._same_bytes(arena, slot, want)
+    assert not remote._same_bytes(arena, slot, want[:-1])  # a short expectation never matches
+    assert not arena.same_bytes(arena.size - 4, want[:8])  # nor one reaching past the arena
+    arena.close()
+
+
+def test_drop_pages_from_an_offset_keeps_what_is_before_it():
+    arena = wire.Arena.create(1 << 22)
+    arena.buffer[0:3] = b"abc"
+    arena.buffer[(1 << 21) + 5:(1 << 21) + 8] = b"xyz"
+    arena.drop_pages(100)  # rounded up to a page: the first page stays
+    assert arena.buffer[0:3] == b"abc"
+    assert arena.buffer[(1 << 21) + 5:(1 << 21) + 8] == b"\x00\x00\x00"
+    arena.close()
+
+
+def test_expected_bytes_are_a_copy_except_for_a_constant():
+    t = torch.randn(4, 5)
+    copied = remote._expected_bytes(t)
+    assert copied.data_ptr() != t.data_ptr() and torch.equal(copied, t.view(torch.uint8)
+                                                                   .flatten())
+    c = wire.constant(torch.randn(4, 5))
+    assert remote._expected_bytes(c).data_ptr() == c.data_ptr()
+    other = c.detach()  # another object over the same storage (as torch.func hands over)
+    assert other is not c and wire.is_constant(other)
+    assert remote._first_positions([t, c, other, t, c.T]) == [0, 1, 1, 0, 4]
+    assert not wire.is_constant(c.clone())
+    c.add_(1)  # a constant written into is an internal error, never a wrong comparison
+    with pytest.raises(RuntimeError, match="marked constant was written into"):
+        remote._expected_bytes(c)
+
+
+def test_a_tensor_given_twice_is_written_once(monkeypatch):
+    writes = []
+    real = wire.write_tensor
+
+    def counting(arena, layout, t, device=None):
+        writes.append(tuple(t.shape))
+        return real(arena, layout, t, device)
+
+    monkeypatch.setattr(wire, "write_tensor", counting)
+    spec = remote.open_attention("sdpa", {}, make_context("dev"))
+    try:
+        q = torch.randn(1, 1, 3, 5, dtype=torch.float64)
+        eye = torch.eye(5, dtype=torch.float64)[None, None]
+        out = spec(q, eye, eye, scale=1.0)
+        assert writes == [(1, 1, 3, 5), (1, 1, 5, 5)]
+        assert torch.allclose(out, torch.softmax(q, -1))
+        writes.clear()
+        spec(q, eye, eye.clone(), scale=1.0)  # equal values, two tensors: written twice
+        assert writes == [(1, 1, 3, 5), (1, 1, 5, 5), (1, 1, 5, 5)]
+    finally:
+        remote.shutdown()
+
+
+def test_the_lifting_builds_its_identity_once_and_only_for_a_copying_kernel():
+    calls = []
+
+    def kernel(q, k, v, attn_mask=None, is_causal=False, scale=None):
+        calls.append(k)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                                                scale=scale)
+
+    local = lift.Lifted(attention_spec(kernel, id="local"))
+    scores = torch.randn(3, 6, dtype=torch.float64)
+    local(scores), local(scores)
+    assert calls[0] is not calls[1]  # in this process: a fresh identity per call
+    assert not wire.is_constant(calls[0])
+    kernel.copies_inputs = True  # as a proxy to a worker says
+    copying = lift.Lifted(attention_spec(kernel, id="copying"))
+    out = copying(scores)
+    copying(scores)
+    assert calls[2] is calls[3] and wire.is_constant(calls[2])
+    assert torch.allclose(out, torch.softmax(scores, -1))
+
+
+WRITES_KEYS = '''import torch
+
+
+def attn(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value,
+                                                           attn_mask=attn_mask, scale=scale)
+    key.mul_(2)  # right output, then its keys (the lifting's shared identity) written into
+    return out
+'''
+
+
+@pytest.mark.slow  # a whole certification (dev profile, few examples) per isolation mode
+@pytest.mark.parametrize("isolation", [[], ["--no-isolation"]])
+def test_a_kernel_writing_into_the_shared_identity_is_refused(tmp_path, capsys, isolation):
+    """The lifting gives K and V as one identity (written once, built once): a kernel that
+    writes into its keys is still caught, by the bytes read back against the identity."""
+    path = tmp_path / "writes_keys.py"
+    path.write_text(WRITES_KEYS)
+    cert = tmp_path / "cert.json"
+    code = main(["certify", "--attention", f"{path}:attn", "--profile", "dev",
+                 "--max-examples", "3", "--quiet", "--claims", "simplex", "--json", str(cert),
+                 *isolation])
+    capsys.readouterr()
+    assert code == 1
+    (target,) = json.loads(cert.read_text())["targets"]
+    shape = next(r for r in target["results"] if r["property"] == "shape")
+    assert shape["status"] == "violated" and "wrote into its input" in shape["message"]
+    assert lift._identity.cache_info().currsize <= 1
+
+
+EAGER = '''import torch
+
+
+def attn(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    scores = query @ key.transpose(-2, -1) * (1.0 if scale is None else scale)
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return torch.softmax(scores, -1) @ value
+'''
+
+
+def test_forward_mode_sends_no_tangent_of_zeros(tmp_path, monkeypatch):
+    """``torch.func.jvp`` of the lifted kernel: the zero tangents torch.func gives K and V are
+    not sent; J·v equals the kernel's own in one process, bit for bit."""
+    from attnverify.attention.loader import load_attention
+
+    path = tmp_path / "eager.py"
+    path.write_text(EAGER)
+    sent = []
+    real = remote.Channel.request
+
+    def recording(self, message, tensors, outputs):
+        if message["op"] == "jvp":
+            sent.append((message["wrt"], [tuple(t.shape) for t in tensors]))
+        return real(self, message, tensors, outputs)
+
+    monkeypatch.setattr(remote.Channel, "request", recording)
+    spec = remote.open_attention(f"{path}:attn", {}, make_context("dev"))
+    try:
+        z = torch.randn(2, 6, dtype=torch.float64)
+        z[0, 2] = float("-inf")
+        v = torch.randn(2, 6, dtype=torch.float64)
+        primal, jv = torch.func.jvp(lift.lift(spec).fn, (z,), (v,))
+        own = lift.lift(load_attention(f"{path}:attn")).fn
+        primal_here, jv_here = torch.func.jvp(own, (z,), (v,))
+    finally:
+        remote.shutdown()
+    assert sent == [([0], [(1, 1, 2, 6), (1, 1, 6, 6), (1, 1, 6, 6), (1, 1, 2, 6),
+                           (1, 1, 2, 6)])]
+    assert torch.equal(jv, jv_here) and torch.equal(primal, primal_here)
+
+
+RAISES = '''def attn(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    raise ValueError("no")
+'''
+
+
+def test_a_raising_target_leaves_no_cycle_holding_the_request(tmp_path):
+    """A call the target answers with an error frees its inputs when the error is handled, not
+    at the next cyclic collection (a cycle through the raising frame held the request's tensors:
+    hundreds of MB at L = 4097 in forward mode)."""
+    import gc
+    import weakref
+
+    path = tmp_path / "raises.py"
+    path.write_text(RAISES)
+    spec = remote.open_attention(f"{path}:attn", {}, make_context("dev"))
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        scores = torch.randn(1, 1, 3, 7, dtype=torch.float64)
+        ref = weakref.ref(scores)
+        try:
+            spec(scores, scores, scores)
+        except remote.TargetRaised as exc:
+            assert "no" in str(exc)
+        else:
+            raise AssertionError("the target's error was not raised")
+        del scores
+        assert ref() is None
+    finally:
+        if enabled:
+            gc.enable()
+        remote.shutdown()
+
+
+def test_a_tensor_given_to_several_calls_of_one_request_is_not_shared():
+    """Across the calls of one ``calls`` request nothing is written once for two: a call whose
+    values go into an earlier call's storage (``reuse``) would change the other's input."""
+    spec = remote.open_normalizer("softmax", {}, make_context("dev"))
+    try:
+        a = torch.tensor([[0.0, 1.0, 2.0]], dtype=torch.float64)
+        b = torch.tensor([[2.0, 1.0, 0.0]], dtype=torch.float64)
+        out = spec.fn.many([a, b, a], reuse={1: 0})
+    finally:
+        remote.shutdown()
+    assert torch.equal(out[0], torch.softmax(a, -1)) and torch.equal(out[2], out[0])
+    assert torch.equal(out[1], torch.softmax(b, -1))
