@@ -203,12 +203,11 @@ def _add_attention_options(p: argparse.ArgumentParser) -> None:
 
 def _early_zygote(args) -> None:
     """Start the worker processes' zygote now, before this process imports torch, so that the
-    two imports overlap (:mod:`attnverify.prestart`); not for a run in this process. Only a run
-    of attention kernels has it import torch's compiler (FlexAttention, ``torch.compile``)."""
+    two imports overlap (:mod:`attnverify.prestart`); not for a run in this process."""
     from attnverify import prestart  # dispatch: on a run only (wire, its arena), not --help
 
     if not getattr(args, "no_isolation", False) and isolation_default():
-        prestart.early(compiler=bool(getattr(args, "attention", None)))
+        prestart.early()
 
 
 def _run_certify(args) -> int:

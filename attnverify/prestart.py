@@ -25,14 +25,11 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _EARLY: list = []
 
 
-def spawn(compiler: bool = True) -> tuple[subprocess.Popen, socket.socket]:
+def spawn() -> tuple[subprocess.Popen, socket.socket]:
     """A new zygote process (``python -c … zygote FD``, in a session of its own) and the
     checker's end of its channel; its hello (the import path, what to preload) already sent, so
-    it is importing torch when this returns. The caller reads its answer. ``compiler``: the
-    zygote imports torch's compiler too (:data:`attnverify.worker.PRELOAD_COMPILER`), for a run
-    of attention kernels or one whose targets are not known yet."""
-    # torch-free: the names the zygote imports
-    from attnverify.worker import PRELOAD, PRELOAD_COMPILER
+    it is importing torch when this returns. The caller reads its answer."""
+    from attnverify.worker import PRELOAD  # torch-free: the names the zygote imports
 
     parent, child = socket.socketpair()
     env = dict(os.environ)
@@ -55,22 +52,19 @@ def spawn(compiler: bool = True) -> tuple[subprocess.Popen, socket.socket]:
         env=env, cwd=os.getcwd())
     child.close()
     try:
-        preload = PRELOAD_COMPILER if compiler else PRELOAD
-        wire.send(parent, {"path": [str(p) for p in sys.path], "preload": list(preload)})
+        wire.send(parent, {"path": [str(p) for p in sys.path], "preload": list(PRELOAD)})
     except OSError:
         pass  # the caller's read of the answer says what happened
     return proc, parent
 
 
-def early(compiler: bool = True) -> None:
-    """Start the zygote now unless one is running or waiting in this process already
-    (``compiler``: as :func:`spawn`; a normalizer command passes false, so that the zygote,
-    importing less, is ready before this process has imported torch and the checks)."""
+def early() -> None:
+    """Start the zygote now unless one is running or waiting in this process already."""
     remote = sys.modules.get("attnverify.remote")
     if _EARLY or (remote is not None and remote.zygote().alive()):
         return
     try:
-        proc, sock = spawn(compiler)
+        proc, sock = spawn()
     except OSError:
         return  # started later, where its failure is reported
     _EARLY.append((proc, sock, os.getpid()))

@@ -1151,13 +1151,11 @@ def _return_inputs(arena, slots, tensors) -> None:
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 #: Imported by the zygote before it forks, so that every worker starts with them loaded.
+#: ``torch._dynamo`` (about as long to import as torch) included: forward mode through torch's
+#: decompositions imports it (``torch._compile``'s disable wrapper, e.g. on ``x - x.amax()``), so
+#: most normalizers' workers would each import it at their first ``jvp`` request.
 PRELOAD = ("torch", "torch.func", "attnverify.registry", "attnverify.normalizers",
-           "attnverify.attention.loader", "torch._decomp.decompositions_for_jvp")
-#: :data:`PRELOAD` and torch's compiler (``torch._dynamo``, which imports triton; about as long to
-#: import as torch itself): for runs that compile (FlexAttention, a ``torch.compile`` kernel), so
-#: that each worker does not import it again. A normalizer run's zygote leaves it out: a target
-#: that compiles imports it in its own worker (:mod:`attnverify.prestart`).
-PRELOAD_COMPILER = PRELOAD + ("torch._dynamo",)
+           "attnverify.attention.loader", "torch._dynamo", "torch._decomp.decompositions_for_jvp")
 
 
 def _prctl(option: int, value: int) -> None:
@@ -1175,7 +1173,7 @@ def zygote_main(ctrl_fd: int) -> None:
     ctrl = socket.socket(fileno=ctrl_fd)
     hello = wire.receive(ctrl)
     sys.path[:] = [str(p) for p in hello.get("path", sys.path)]
-    for name in hello.get("preload", PRELOAD_COMPILER):
+    for name in hello.get("preload", PRELOAD):
         try:
             __import__(name)
         except Exception:  # noqa: BLE001 - a missing optional module: the worker imports later
