@@ -69,20 +69,11 @@ SIDE_BY_SIDE = (
                                    "--profile", "ci"], False),
 )
 USER_FILE = "import torch\n\n\ndef fn(scores, dim=-1):\n    return torch.softmax(scores, dim)\n"
-#: ``{bad}``: a user's sparsemax with its threshold off by one (it fails most properties, and
-#: raises on a one-entry row of a large value): a failing target timed beside the passing ones.
-FAILING_FILE = '''import torch
-
-
-def fn(scores, dim=-1):
-    z = scores.movedim(dim, -1)
-    srt, _ = torch.sort(z, dim=-1, descending=True)
-    k = torch.arange(1, z.shape[-1] + 1, dtype=z.dtype)
-    cs = srt.cumsum(-1) - 1
-    size = (k * srt > cs).sum(-1, keepdim=True)
-    tau = cs.gather(-1, size - 1) / (size.to(z.dtype) + 1)  # should divide by size
-    return (z - tau).clamp_min(0).movedim(-1, dim)
-'''
+#: ``{bad}``: the planted defect ``wrong_threshold_sparsemax`` of the test fixtures (sparsemax with
+#: its threshold off by one: it fails most properties, and raises on a one-entry row of a large
+#: value), as a user's file: a failing target timed beside the passing ones.
+FAILING_TARGET = (Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "planted.py",
+                  "wrong_threshold_sparsemax")
 #: ``{attn}``: a user's eager attention kernel (scores, mask, softmax, weighted values in torch
 #: ops, no fused kernel), written for the run.
 ATTENTION_FILE = '''import math
@@ -174,9 +165,8 @@ def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None)
         user.write_text(USER_FILE)
         attn = Path(tmp) / "user_attention.py"
         attn.write_text(ATTENTION_FILE)
-        bad = Path(tmp) / "user_failing.py"
-        bad.write_text(FAILING_FILE)
-        files = {"fn": f"{user}:fn", "attn": f"{attn}:attn", "bad": f"{bad}:fn"}
+        bad = ":".join(map(str, FAILING_TARGET))
+        files = {"fn": f"{user}:fn", "attn": f"{attn}:attn", "bad": bad}
         runs = [(n, [a.format(**files) for a in argv], mine)
                 for n, argv, mine in SIDE_BY_SIDE if not only or n in only]
         for r in range(rounds):

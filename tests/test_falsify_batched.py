@@ -118,17 +118,23 @@ RAISES_ON_LONG_ROWS = textwrap.dedent("""
 """)
 
 
-def test_a_request_that_fails_is_done_again_a_case_at_a_time(tmp_path, monkeypatch):
-    """The target raises on one case of a request: the search stops on that very case, as it
-    does with one request per case."""
-    path = tmp_path / "raises_long.py"
-    path.write_text(RAISES_ON_LONG_ROWS)
+def _batched_and_one_at_a_time(tmp_path, monkeypatch, source: str):
+    """The search's end (message, case) on the target ``source``, which must be the same with
+    batched requests and with one request per case."""
+    path = tmp_path / "failing_long.py"
+    path.write_text(source)
     got = {}
     for batched in (True, False):
         monkeypatch.setattr(FS, "BATCH_MAX", BATCH_MAX if batched else 1)
         got[batched] = falsify_isolated(f"{path}:norm", {}, TRUE, ctx(400))
     assert got[True] == got[False]
-    message, case = got[True]
+    return got[True]
+
+
+def test_a_request_that_fails_is_done_again_a_case_at_a_time(tmp_path, monkeypatch):
+    """The target raises on one case of a request: the search stops on that very case, as it
+    does with one request per case."""
+    message, case = _batched_and_one_at_a_time(tmp_path, monkeypatch, RAISES_ON_LONG_ROWS)
     assert "ValueError" in message and "no row of" in message
     assert case is not None and case["L"] > 200
 
@@ -190,13 +196,6 @@ def test_a_worker_that_dies_in_a_request_is_reported_on_its_own_case(tmp_path, m
     """The worker dies on one case of a request of several: the request is done again a case
     at a time in a fresh worker, and the search stops on that case, as with one request per
     case."""
-    path = tmp_path / "dies_long.py"
-    path.write_text(DIES_ON_LONG_ROWS)
-    got = {}
-    for batched in (True, False):
-        monkeypatch.setattr(FS, "BATCH_MAX", BATCH_MAX if batched else 1)
-        got[batched] = falsify_isolated(f"{path}:norm", {}, TRUE, ctx(400))
-    assert got[True] == got[False]
-    message, case = got[True]
+    message, case = _batched_and_one_at_a_time(tmp_path, monkeypatch, DIES_ON_LONG_ROWS)
     assert "status 3" in message or "exit" in message, message
     assert case is not None and case["L"] > 200
