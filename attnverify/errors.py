@@ -28,11 +28,13 @@ class WorkerFailed(BaseException):
     (Hypothesis included) retries or shrinks it: the property that was running fails at once
     with the case in flight, and the next call starts a fresh worker."""
 
-    def __init__(self, reason: str, *, timed_out: bool = False):
+    def __init__(self, reason: str, *, timed_out: bool = False, signal: int = 0):
         super().__init__(reason)
         self.reason = reason
         #: It ran past the per-example time limit (a hang, which a shrink may reproduce).
         self.timed_out = timed_out
+        #: The signal that ended the worker (0: none, or not known).
+        self.signal = signal
 
 
 

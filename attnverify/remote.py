@@ -484,7 +484,7 @@ class Channel:
             reason = f"crashed the worker process ({name}{extra})"
         else:
             reason = f"exited the worker process (exit code {status})"
-        return WorkerFailed(reason)
+        return WorkerFailed(reason, signal=-status if status is not None and status < 0 else 0)
 
     def _discard(self) -> None:
         if self.sock is not None:
@@ -570,7 +570,23 @@ class Channel:
             self.condemned = (f"was not run: its worker failed {len(self.strikes)} times in a "
                               f"row (the last: {exc.reason}), so the target is failed in full")
 
-    def _request(self, message: dict, tensors: list, outputs: list) -> tuple[dict, list]:
+    def _request(self, message: dict, tensors: list, outputs: list, *,
+                 built: bool = True) -> tuple[dict, list]:
+        """One request. ``built``: constants with a recipe (:func:`wire.recipe_of`) are built
+        by the worker, read-only; a worker that a memory fault ends on such a request may have
+        written into one, so the request is made once more (in the fresh worker the next
+        request starts anyway) with them in the arena, where a write is read back and refused
+        as the write it is, and a crash is a crash."""
+        try:
+            return self._request_once(message, tensors, outputs, built)
+        except WorkerFailed as exc:
+            if not built or exc.signal not in (signal.SIGSEGV, signal.SIGBUS) or \
+                    not any(wire.recipe_of(t) is not None for t in tensors):
+                raise
+        return self._request_once(message, tensors, outputs, False)
+
+    def _request_once(self, message: dict, tensors: list, outputs: list,
+                      built: bool) -> tuple[dict, list]:
         self.open()
         self.monitor.calls += 1
         self.monitor.history.note()
@@ -582,7 +598,12 @@ class Channel:
         # arguments are views of those bytes, as they are views of one storage here; never
         # across the calls of a request, whose inputs the worker writes into (``reuse``)
         first = list(range(len(tensors))) if "calls" in message else _first_positions(tensors)
-        need = sum(_span_bytes(t) + wire.ALIGN for i, t in enumerate(tensors) if first[i] == i)
+        # a constant with a recipe (the lifting's identity) is built by the worker, read-only:
+        # none of its bytes cross, none are read back
+        recipes = [wire.recipe_of(t) if built else None for t in tensors]
+        _no_reuse_of(recipes, message)
+        need = sum(_span_bytes(t) + wire.ALIGN for i, t in enumerate(tensors)
+                   if first[i] == i and recipes[i] is None)
         need += sum(math.prod(s) * _itemsize(d) + wire.ALIGN for s, d, _ in outputs)
         self._ensure_arena(need)
         # each request's tensors further along the arena than the last one's (from the start
@@ -603,6 +624,10 @@ class Channel:
             if first[i] != i:
                 slots.append(slots[first[i]])
                 written.append(written[first[i]])
+                continue
+            if recipes[i] is not None:
+                slots.append(recipes[i])
+                written.append(None)
                 continue
             slots.append(wire.write_tensor(self.arena, layout, t, device=str(t.device)))
             # what the slot must hold, to read back after the answer (and at later requests):
@@ -847,6 +872,15 @@ def _expected_bytes(t: torch.Tensor) -> torch.Tensor:
     if wire.is_constant(t):
         return raw
     return raw.clone() if t.device.type == "cpu" else raw  # off the CPU: .cpu() copied
+
+
+def _no_reuse_of(recipes: list, message: dict) -> None:
+    """A call of a ``calls`` request may be given an earlier call's input storage (``reuse``)
+    only where that input crossed in the arena: a built constant is read-only."""
+    for call in message.get("calls") or ():
+        if isinstance(call, dict) and type(call.get("reuse")) is int and \
+                0 <= call["reuse"] < len(recipes) and recipes[call["reuse"]] is not None:
+            raise ValueError("reuse of a constant the worker builds")
 
 
 def _first_positions(tensors: list) -> list[int]:

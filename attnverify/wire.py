@@ -389,41 +389,155 @@ _ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "bool": 1,
              "int32": 4, "int16": 2, "int8": 1, "uint8": 1}
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """A constant input the receiver builds itself instead of reading its bytes from the arena:
+    the ``n × n`` identity (``"eye"``) of ``dtype``, viewed contiguously as ``size`` (leading
+    sizes 1). Nothing of it is in the arena (``elements`` 0: no bytes to write, read back or
+    compare). The worker hands the target a read-only identity (:func:`eye_pages`): a write
+    into it ends the worker. The lifting's ``K = V = I`` (:mod:`attnverify.attention.lift`)
+    crosses so: up to 134 MB a call that would otherwise be written, read back twice and held
+    in the arena."""
+
+    name: str
+    n: int
+    dtype: str
+    size: tuple[int, ...]
+    device: str = "cpu"
+
+    elements = 0  # no bytes in the arena
+
+    @property
+    def stride(self) -> tuple[int, ...]:
+        return _contiguous_strides(self.size)
+
+    def to_json(self) -> dict:
+        return {"recipe": self.name, "n": self.n, "dtype": self.dtype, "size": list(self.size),
+                "device": self.device}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Recipe:
+        """A recipe from a message, every field checked."""
+        if not isinstance(data, dict) or set(data) != {"recipe", "n", "dtype", "size", "device"}:
+            raise ProtocolError("a constant with missing or extra fields")
+        n, size = data["n"], data["size"]
+        if data["recipe"] != "eye" or type(n) is not int or not 0 <= n <= MAX_EYE:
+            raise ProtocolError("a constant that is not an identity of at most "
+                                f"{MAX_EYE} rows")
+        if data["dtype"] not in _FLOATS or not isinstance(data["device"], str):
+            raise ProtocolError(f"a constant of dtype {data['dtype']!r}")
+        if not isinstance(size, list) or not 2 <= len(size) <= 16 or size[-2:] != [n, n] or \
+                any(type(v) is not int or v != 1 for v in size[:-2]):
+            raise ProtocolError("a constant identity whose sizes are not [1, …, n, n]")
+        return cls("eye", n, data["dtype"], tuple(size), data["device"])
+
+
+#: Largest identity a :class:`Recipe` names (rows).
+MAX_EYE = 1 << 16
+_FLOATS = ("float64", "float32", "float16", "bfloat16")
+
+
+def slot_from_json(data: Any, arena_size: int) -> Slot | Recipe:
+    """An input's description: a :class:`Slot` in the arena or a :class:`Recipe`."""
+    if isinstance(data, dict) and "recipe" in data:
+        return Recipe.from_json(data)
+    return Slot.from_json(data, arena_size)
+
+
+def _contiguous_strides(size) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for n in reversed(size):
+        stride.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(stride))
+
+
+def eye_pages(n: int, dtype, *, readonly: bool):
+    """``I_n`` (``[n, n]``) on anonymous pages of its own: only the pages the diagonal touches
+    are ever allocated (the rest read as the kernel's shared zero page: ``L = 4097`` in float64
+    holds 16 MB, not 134 MB). ``readonly``: ``mprotect``-ed read-only, so that no one can write
+    it (a write is a segmentation fault, not a silent change). ``None`` where this platform
+    cannot map or protect it."""
+    import torch  # torch-free: the zygote imports wire first
+
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    nbytes = max(n * n * itemsize, 1)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    except (OSError, AttributeError, ValueError):
+        return None
+    eye = torch.frombuffer(buffer, dtype=dtype, count=n * n) if n else torch.empty(0, dtype=dtype)
+    if n:
+        eye.view(n, n).diagonal().fill_(1)
+        pointer = ctypes.c_char.from_buffer(buffer)
+        address = ctypes.addressof(pointer)
+        del pointer  # no export of the buffer left behind but the tensor's
+        if readonly and libc.mprotect(address, nbytes, mmap.PROT_READ) != 0:
+            return None
+    return eye.view(n, n)
+
+
 #: Tensors marked :func:`constant`, by the address of their storage: ``(weak reference, the
-#: storage's write count then)``. By storage, not by object: torch.func hands an autograd
+#: storage's write count then, its recipe or None)``. By storage, not by object: torch.func hands an autograd
 #: Function other tensor objects over the same storage.
 _CONSTANTS: dict = {}
 
 
-def constant(t):
+def constant(t, recipe: str | None = None):
     """Mark ``t`` (a CPU tensor of the sender's own that nothing writes into again, such as the
     lifting's identity built once per process) as constant: a request that sends it, or another
     view of its storage, may keep its bytes as what its slot must hold after the call instead of
     a copy (``remote._expected_bytes``), and send it once when it is given twice. Torch counts
     every write into a storage (``_version``, shared by its views): a constant written into
-    after all is an internal error where it is next sent."""
-    for key in [k for k, (ref, _) in _CONSTANTS.items() if ref() is None]:
+    after all is an internal error where it is next sent. ``recipe`` ``"eye"`` (``t`` the
+    identity, ``[1, …, n, n]``): the receiver builds it (:class:`Recipe`, :func:`recipe_of`)
+    instead of receiving its bytes."""
+    for key in [k for k, (ref, _, _) in _CONSTANTS.items() if ref() is None]:
         del _CONSTANTS[key]
-    _CONSTANTS[t.untyped_storage().data_ptr()] = (weakref.ref(t), t._version)
+    if recipe is not None:
+        n = t.shape[-1] if t.dim() >= 2 else -1
+        if recipe != "eye" or t.shape[-2:] != (n, n) or any(d != 1 for d in t.shape[:-2]) or \
+                not t.is_contiguous() or t.storage_offset():
+            raise ValueError("a recipe 'eye' names a contiguous identity [1, …, n, n]")
+    _CONSTANTS[t.untyped_storage().data_ptr()] = (weakref.ref(t), t._version, recipe)
     return t
+
+
+def recipe_of(t) -> Recipe | None:
+    """The :class:`Recipe` of ``t`` where ``t`` is a whole constant marked with one (the same
+    view: sizes, contiguous, offset 0), else ``None``."""
+    entry = _constant_entry(t)
+    if entry is None or entry[2] is None or t.storage_offset() or not t.is_contiguous():
+        return None
+    owner = entry[0]()
+    if owner is None or tuple(t.shape) != tuple(owner.shape):
+        return None
+    return Recipe(entry[2], int(t.shape[-1]), dtype_name(t.dtype), tuple(t.shape))
 
 
 def is_constant(t) -> bool:
     """Whether ``t`` is a view of the storage of a live tensor marked :func:`constant`
     (``RuntimeError`` if that storage was written into since)."""
+    return _constant_entry(t) is not None
+
+
+def _constant_entry(t):
     if not _CONSTANTS or t.device.type != "cpu":
-        return False
+        return None
     try:
         address = t.untyped_storage().data_ptr()
     except (NotImplementedError, RuntimeError):  # a torch.func wrapper: no storage of its own
-        return False
+        return None
     entry = _CONSTANTS.get(address)
     owner = entry[0]() if entry is not None else None
     if owner is None or owner.untyped_storage().data_ptr() != address:
-        return False
+        return None
     if t._version != entry[1]:
         raise RuntimeError("attnverify: a tensor marked constant was written into")
-    return True
+    return entry
 
 
 def dtype_name(dtype) -> str:

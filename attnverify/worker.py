@@ -510,6 +510,7 @@ class Server:
         self.reference = None
         self.recent_inputs = _Recent()
         self.recent_outputs = _Recent()
+        self.constants = _Constants()
         #: How the target's Triton kernels run (``runtime``: ``triton``, ``triton_kernels``).
         self.triton: dict[str, str] = {}
         #: Warnings the target's calls raised, each told to the checker once (``warnings`` in
@@ -709,6 +710,8 @@ class Server:
                 mine = _index(sub["args"][0].get("$tensor") if sub.get("args") and
                               isinstance(sub["args"][0], dict) else None, len(tensors))
                 earlier, new = tensors[_index(reuse, len(tensors))], tensors[mine]
+                if self.constants.owns(earlier):
+                    raise wire.ProtocolError("reuse of a read-only constant")
                 if (earlier.shape, earlier.stride(), earlier.storage_offset(), earlier.dtype) \
                         != (new.shape, new.stride(), new.storage_offset(), new.dtype):
                     raise wire.ProtocolError("reuse of a tensor of another layout")
@@ -870,6 +873,40 @@ def _triton_record(mode, spec, before) -> dict[str, str]:
     if not kernels:
         return {}
     return {"triton": mode, "triton_kernels": _text(", ".join(kernels))}
+
+
+class _Constants:
+    """The constants the checker names by recipe (:class:`attnverify.wire.Recipe`), built here:
+    each identity once, read-only (:func:`attnverify.wire.eye_pages`), and kept for later
+    requests (the :data:`KEEP` last used); where it cannot be protected, a fresh one for every
+    request, so that a target writing into one cannot change a later call's."""
+
+    KEEP = 8
+
+    def __init__(self) -> None:
+        self.built: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, recipe: wire.Recipe):
+        import torch  # worker: torch loads in the zygote, after this
+
+        dtype = wire.torch_dtype(recipe.dtype)
+        key = (recipe.n, recipe.dtype)
+        base = self.built.pop(key, None)
+        if base is None:
+            base = wire.eye_pages(recipe.n, dtype, readonly=True)
+        if base is None:
+            base = torch.eye(recipe.n, dtype=dtype)
+        else:
+            self.built[key] = base
+            while len(self.built) > self.KEEP:
+                self.built.popitem(last=False)
+        t = torch.as_strided(base, recipe.size, recipe.stride, 0)
+        return t if recipe.device == "cpu" else t.to(recipe.device)
+
+    def owns(self, t) -> bool:
+        """Whether ``t`` is a view of one of the read-only constants."""
+        address = t.untyped_storage().data_ptr()
+        return any(b.untyped_storage().data_ptr() == address for b in self.built.values())
 
 
 class _Recent:
@@ -1114,10 +1151,12 @@ def _answer(server: Server, arena, message: dict) -> dict:
     outs = message.get("out", [])
     if not isinstance(slots, list) or not isinstance(outs, list):
         raise wire.ProtocolError("tensors and outputs must be lists")
-    in_slots = [wire.Slot.from_json(s, arena.size) for s in slots]
+    in_slots = [wire.slot_from_json(s, arena.size) for s in slots]
     # CPU inputs are views of the arena itself: what the target writes into its arguments is
-    # what the checker reads back after the answer (no_mutation is judged there, not here)
-    tensors = [wire.read_tensor(arena, slot, fresh=False) for slot in in_slots]
+    # what the checker reads back after the answer (no_mutation is judged there, not here);
+    # a constant with a recipe is this process's own read-only one
+    tensors = [server.constants.get(slot) if isinstance(slot, wire.Recipe)
+               else wire.read_tensor(arena, slot, fresh=False) for slot in in_slots]
     given = list(tensors)
     out_slots = [wire.Slot.from_json(s, arena.size) for s in outs]
     try:

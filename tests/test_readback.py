@@ -1,7 +1,7 @@
 """The read-back of a request's inputs without copies (issue #27, ``certify --attention``): the
 arena compared in place, a tensor given twice written once, the lifting's identity built once
-and kept as its own expected bytes, and a wrapped arena keeping the pages it writes over next.
-Each still refuses a target that writes into what it was given."""
+and never sent (the worker builds its own, read-only), and a wrapped arena keeping the pages it
+writes over next. Each still refuses a target that writes into what it was given."""
 
 from __future__ import annotations
 
@@ -127,8 +127,9 @@ def attn(query, key, value, attn_mask=None, is_causal=False, scale=None):
 @pytest.mark.slow  # a whole certification (dev profile, few examples) per isolation mode
 @pytest.mark.parametrize("isolation", [[], ["--no-isolation"]])
 def test_a_kernel_writing_into_the_shared_identity_is_refused(tmp_path, capsys, isolation):
-    """The lifting gives K and V as one identity (written once, built once): a kernel that
-    writes into its keys is still caught, by the bytes read back against the identity."""
+    """The lifting gives K and V as one identity, which the worker builds read-only: a kernel
+    that writes into its keys ends its worker, and the request made again with the identity in
+    the arena catches the write by the bytes read back, as before."""
     path = tmp_path / "writes_keys.py"
     path.write_text(WRITES_KEYS)
     cert = tmp_path / "cert.json"
@@ -140,7 +141,87 @@ def test_a_kernel_writing_into_the_shared_identity_is_refused(tmp_path, capsys, 
     (target,) = json.loads(cert.read_text())["targets"]
     shape = next(r for r in target["results"] if r["property"] == "shape")
     assert shape["status"] == "violated" and "wrote into its input" in shape["message"]
-    assert lift._identity.cache_info().currsize <= 1
+
+
+def test_a_recipe_is_checked_field_by_field():
+    good = {"recipe": "eye", "n": 3, "dtype": "float64", "size": [1, 1, 3, 3], "device": "cpu"}
+    assert wire.slot_from_json(good, 0) == wire.Recipe("eye", 3, "float64", (1, 1, 3, 3))
+    for bad in ({**good, "recipe": "ones"}, {**good, "n": -1}, {**good, "n": wire.MAX_EYE + 1},
+                {**good, "n": True}, {**good, "dtype": "int64"}, {**good, "size": [2, 1, 3, 3]},
+                {**good, "size": [1, 1, 3, 4]}, {**good, "size": [3]}, {**good, "extra": 1},
+                {k: v for k, v in good.items() if k != "device"}):
+        with pytest.raises(wire.ProtocolError):
+            wire.slot_from_json(bad, 0)
+
+
+def test_eye_pages_is_the_identity_and_read_only_when_asked(tmp_path):
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        for n in (0, 1, 7, 1025):
+            eye = wire.eye_pages(n, dtype, readonly=True)
+            assert eye.dtype == dtype and torch.equal(eye, torch.eye(n, dtype=dtype))
+    writable = wire.eye_pages(4, torch.float64, readonly=False)
+    writable[0, 1] = 2.0
+    script = tmp_path / "write.py"
+    script.write_text("import torch\nfrom attnverify import wire\n"
+                      "eye = wire.eye_pages(600, torch.float64, readonly=True)\n"
+                      "eye[300, 7] = 1.0\nprint('written')\n")
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == -11 and "written" not in done.stdout  # SIGSEGV: no silent write
+
+
+def test_the_lifting_sends_no_byte_of_its_identity(monkeypatch):
+    """K = V = I crosses as a recipe: the arena holds the queries and the output only, and the
+    weights are the kernel's, bit for bit."""
+    writes = []
+    real = wire.write_tensor
+
+    def counting(arena, layout, t, device=None):
+        writes.append(tuple(t.shape))
+        return real(arena, layout, t, device)
+
+    monkeypatch.setattr(wire, "write_tensor", counting)
+    spec = remote.open_attention("sdpa", {}, make_context("dev"))
+    try:
+        scores = torch.randn(3, 300, dtype=torch.float64)
+        scores[1, 7] = float("-inf")
+        out = lift.lift(spec).fn(scores)
+        assert (1, 1, 300, 300) not in writes and (1, 1, 3, 300) in writes
+        eye = torch.eye(300, dtype=torch.float64)[None, None]
+        q = scores.masked_fill(scores == float("-inf"), 0.0)[None, None]
+        mask = (scores != float("-inf"))[None, None]
+        own = torch.nn.functional.scaled_dot_product_attention(q, eye, eye, attn_mask=mask,
+                                                               scale=1.0)
+        assert torch.equal(out, own.reshape(3, 300))
+    finally:
+        remote.shutdown()
+
+
+def test_a_write_into_the_built_identity_is_refused_as_a_write(tmp_path):
+    """The worker's identity is read-only, so the write ends the worker; the request is made
+    again with the identity in the arena, where the write is read back: refused as a write into
+    the input, not a crash, and the target is not failed in full."""
+    path = tmp_path / "writes_keys.py"
+    path.write_text(WRITES_KEYS)
+    spec = remote.open_attention(f"{path}:attn", {}, make_context("dev"))
+    try:
+        norm = lift.lift(spec)
+        for _ in range(4):  # more than the strikes that fail a target in full
+            with pytest.raises(remote.Refused, match="wrote into its input"):
+                norm.fn(torch.randn(2, 5, dtype=torch.float64))
+    finally:
+        remote.shutdown()
+
+
+def test_reuse_of_a_built_constant_is_refused_before_it_is_sent():
+    eye = lift._identity(4, torch.float64)
+    assert wire.recipe_of(eye) == wire.Recipe("eye", 4, "float64", (1, 1, 4, 4))
+    assert wire.recipe_of(eye[..., :2]) is None  # a part of it crosses as bytes
+    with pytest.raises(ValueError, match="reuse of a constant"):
+        remote._no_reuse_of([wire.recipe_of(eye), None],
+                            {"calls": [{"args": []}, {"args": [], "reuse": 0}]})
 
 
 EAGER = '''import torch

@@ -61,17 +61,22 @@ class Lifted:
         return out.reshape(shape).movedim(-1, dim)
 
 
-@functools.lru_cache(maxsize=1)  # the last length alone: a second would hold its memory
+@functools.lru_cache(maxsize=8)
 def _identity(length: int, dtype: torch.dtype) -> torch.Tensor:
-    """``I_L`` as ``[1, 1, L, L]`` on the CPU, built once per length and dtype (the largest,
-    ``L = 4097`` in float64, is 134 MB) for a kernel behind the process boundary, which gets a
-    copy of it; marked constant (:func:`attnverify.wire.constant`), so that no copy of its bytes
-    is kept to read the arena back against. Never handed to a kernel in this process, which
-    could write into it. Built outside any torch.func transform the first call may run under
-    (a cached wrapper of ``torch.func.jvp`` would outlive it): a plain tensor, a constant of the
-    transformed function."""
+    """``I_L`` as ``[1, 1, L, L]`` on the CPU, built once per length and dtype, for a kernel
+    behind the process boundary; marked constant with the recipe ``"eye"``
+    (:func:`attnverify.wire.constant`), so that its bytes never cross: the worker builds its own
+    read-only identity (:class:`attnverify.wire.Recipe`). On pages of its own where it can
+    (:func:`attnverify.wire.eye_pages`: only the diagonal's pages are allocated, so the largest,
+    ``L = 4097`` in float64, holds 16 MB, not 134 MB, and several lengths can be kept). Never
+    handed to a kernel in this process, which could write into it. Built outside any torch.func
+    transform the first call may run under (a cached wrapper of ``torch.func.jvp`` would outlive
+    it): a plain tensor, a constant of the transformed function."""
     with torch._C._DisableFuncTorch():  # private, but what torch.func itself uses to do so
-        return wire.constant(torch.eye(length, dtype=dtype)[None, None])
+        eye = wire.eye_pages(length, dtype, readonly=False)
+        if eye is None:
+            eye = torch.eye(length, dtype=dtype)
+        return wire.constant(eye[None, None], recipe="eye")
 
 
 def lifted_claims(attention: AttentionSpec) -> tuple[str, ...]:
