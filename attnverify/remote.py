@@ -688,9 +688,9 @@ class Channel:
         as written): its own bytes, or those of the call that reused its storage (given call
         i's values after it returned)."""
         expected = list(range(len(written)))
-        for i, call in enumerate(message.get("calls") or ()):
+        for call in message.get("calls") or ():
             if isinstance(call, dict) and type(call.get("reuse")) is int:
-                expected[call["reuse"]] = i
+                expected[call["reuse"]] = call["args"][0]["$tensor"]
         return [written[j] for j in expected]
 
     def _check_late(self, everything: bool) -> None:
@@ -1260,6 +1260,30 @@ class RemoteAttentionFunction:
 
         kwargs = {"attn_mask": attn_mask, "is_causal": bool(is_causal), "scale": scale, **kw}
         return _apply(self.channel, "target", [q, k, v], kwargs, expect)
+
+    def many(self, calls: list, *, reuse: dict | None = None) -> list:
+        """The kernel on each of ``calls`` (``(q, k, v, kwargs)``; no grad), in order, in one
+        request; a call that raises raises :class:`TargetRaised` with its ``index``. ``reuse``
+        ``{i: j}``: call ``i`` gets its queries in the very tensor call ``j`` was given."""
+        tensors, sent, outputs, firsts = [], [], [], []
+        for q, k, v, kw in calls:
+            firsts.append(len(tensors))
+            args = [{"$tensor": len(tensors) + i} for i in range(3)]
+            tensors += [q, k, v]
+            plain = {}
+            for name, value in kw.items():
+                if isinstance(value, torch.Tensor):
+                    plain[name] = {"$tensor": len(tensors)}
+                    tensors.append(value)
+                else:
+                    plain[name] = wire.plain(value)
+            sent.append({"args": args, "kwargs": plain})
+            outputs.append(((*q.shape[:-1], v.shape[-1]), q.dtype, str(q.device)))
+        for i, j in (reuse or {}).items():
+            sent[i]["reuse"] = firsts[j]
+        _, results = self.channel.request({"op": "calls", "fn": "target", "calls": sent},
+                                          [t.detach() for t in tensors], outputs)
+        return results
 
 
 def channel_of(spec) -> Channel | None:

@@ -481,8 +481,8 @@ def eye_pages(n: int, dtype, *, readonly: bool):
 
 
 #: Tensors marked :func:`constant`, by the address of their storage: ``(weak reference, the
-#: storage's write count then, its recipe or None)``. By storage, not by object: torch.func hands an autograd
-#: Function other tensor objects over the same storage.
+#: storage's write count then, its recipe or None)``. By storage, not by object: torch.func
+#: hands an autograd Function other tensor objects over the same storage.
 _CONSTANTS: dict = {}
 
 

@@ -313,3 +313,28 @@ def test_a_tensor_given_to_several_calls_of_one_request_is_not_shared():
         remote.shutdown()
     assert torch.equal(out[0], torch.softmax(a, -1)) and torch.equal(out[2], out[0])
     assert torch.equal(out[1], torch.softmax(b, -1))
+
+
+def test_lifted_calls_go_in_one_request_with_reuse_at_the_queries():
+    """A check's several inputs reach a lifted kernel behind the boundary in one request (the
+    identity crosses as a recipe, so calls need not share it); ``reuse`` gives a call the
+    queries' storage of an earlier call, as for a normalizer."""
+    from attnverify.checks.base import call_many
+
+    spec = remote.open_attention("sdpa", {}, make_context("dev"))
+    try:
+        norm = lift.lift(spec)
+        xs = [torch.randn(2, 7, dtype=torch.float64), torch.randn(3, 300),
+              torch.randn(2, 7, dtype=torch.float64)]
+        xs[1][0, 3] = float("-inf")
+        before = spec.fn.channel.monitor.calls
+        outs = call_many(norm, xs, reuse={2: 0})
+        assert spec.fn.channel.monitor.calls - before == 1
+        for x, out in zip(xs, outs):
+            assert out.dtype == x.dtype and torch.allclose(out, torch.softmax(x, -1))
+        message = {"calls": [{"args": [{"$tensor": 0}]}, {"args": [{"$tensor": 4}]},
+                             {"args": [{"$tensor": 7}], "reuse": 0}]}
+        # the reused slot must hold the values of the reusing call's queries (tensor 7)
+        assert remote.Channel._expected(list("abcdefgh"), message) == list("hbcdefgh")
+    finally:
+        remote.shutdown()

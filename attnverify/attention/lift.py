@@ -43,8 +43,37 @@ class Lifted:
         self.__doc__ = f"{attention.id} lifted to a normalizer (Q = S, K = V = I, scale = 1)"
 
     def __call__(self, scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        q, eye, mask = self._arguments(scores, dim)
+        out = self.attention(q, eye, eye, attn_mask=mask, scale=1.0)
+        return self._weights(out, scores, dim)
+
+    @property
+    def many(self):
+        """The lifted kernel on several inputs in one request, where the kernel runs behind the
+        process boundary (its proxy offers ``many``); ``None`` elsewhere (one call each)."""
+        batch = getattr(self.attention.fn, "many", None)
+        if batch is None:
+            return None
+
+        def many(inputs: list, dim: int = -1, *, reuse: dict | None = None) -> list:
+            calls = []
+            for i, scores in enumerate(inputs):
+                try:
+                    q, eye, mask = self._arguments(scores, dim)
+                except Exception as exc:
+                    exc.index = i  # the input that raised (checks.base.call_many)
+                    raise
+                calls.append((q, eye, eye, {**self.attention.params, "attn_mask": mask,
+                                            "is_causal": False, "scale": 1.0}))
+            outs = batch(calls, reuse=reuse)
+            return [self._weights(out, scores, dim) for out, scores in zip(outs, inputs)]
+
+        return many
+
+    def _arguments(self, scores: torch.Tensor, dim: int):
+        """``(q, K = V = I, attn_mask)`` of the call that gives the weights of ``scores``."""
         z = scores.movedim(dim, -1)
-        shape, length = z.shape, z.shape[-1]
+        length = z.shape[-1]
         limit = self.attention.max_head_dim
         if limit is not None and length > limit:
             raise ValueError(f"{self.attention.id}: rows of length {length} exceed the head "
@@ -56,9 +85,11 @@ class Lifted:
             eye = _identity(length, scores.dtype)  # the kernel gets a copy: built once
         else:
             eye = torch.eye(length, dtype=scores.dtype, device=scores.device)[None, None]
-        mask = ~masked if bool(masked.any()) else None
-        out = self.attention(q, eye, eye, attn_mask=mask, scale=1.0)
-        return out.reshape(shape).movedim(-1, dim)
+        return q, eye, (~masked if bool(masked.any()) else None)
+
+    @staticmethod
+    def _weights(out: torch.Tensor, scores: torch.Tensor, dim: int) -> torch.Tensor:
+        return out.reshape(scores.movedim(dim, -1).shape).movedim(-1, dim)
 
 
 @functools.lru_cache(maxsize=8)
