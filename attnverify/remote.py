@@ -42,6 +42,7 @@ import time
 from typing import Any
 
 import torch
+from torch.autograd import forward_ad
 
 # jacobian: imported for its side effect of loading torch's forward-mode decompositions quietly
 from attnverify import heartbeat, jacobian, prestart, settings, triton_runtime, wire, worker  # noqa: F401
@@ -1070,8 +1071,26 @@ def _apply(channel: Channel, fn: str, args: list, kwargs: dict, expect) -> torch
             tensors.append(v)
         else:
             plain_kwargs[k] = wire.plain(v)
-    site = _Site(channel, fn, plain_args, plain_kwargs, expect, torch.is_grad_enabled())
+    grad_mode = torch.is_grad_enabled()
+    site = _Site(channel, fn, plain_args, plain_kwargs, expect, grad_mode)
+    if not _autograd_involved(tensors, grad_mode):
+        # nothing to differentiate: the request itself, without the autograd node (whose
+        # ``apply`` binds the signature and builds a context at every call); the same request,
+        # checked the same way
+        return site.forward(tensors)
     return _Call.apply(site, *tensors)
+
+
+def _autograd_involved(tensors: list, grad_mode: bool) -> bool:
+    """Whether a call on ``tensors`` needs the autograd node :class:`_Call`: a tensor that
+    requires grad under grad mode, a dual tensor of forward mode (``forward_ad``), or a
+    ``torch.func`` transform running (``vmap``, ``grad``, ``jvp``: their tensors are wrapped)."""
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return True
+    for t in tensors:
+        if (grad_mode and t.requires_grad) or forward_ad.unpack_dual(t).tangent is not None:
+            return True
+    return False
 
 
 def _same_as_first(tensors):
