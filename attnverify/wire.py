@@ -70,20 +70,29 @@ def _reject_constant(name: str):
 
 
 def _no_duplicates(pairs):
-    out = {}
-    for key, value in pairs:
-        if key in out:
-            raise ProtocolError(f"duplicate key {key!r} in a message")
-        out[key] = value
+    out = dict(pairs)
+    if len(out) != len(pairs):  # a key given twice: the first one named
+        seen: set = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ProtocolError(f"duplicate key {key!r} in a message")
+            seen.add(key)
     return out
+
+
+#: One decoder and one encoder for every message (``json.loads``/``json.dumps`` with options
+#: build a new one per call): the same parse and the same bytes.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 
 
 def parse(data: bytes) -> dict:
     """One message: a JSON object, no non-finite numbers, no duplicate keys."""
     try:
         text = data.decode("utf-8")
-        value = json.loads(text, parse_constant=_reject_constant,
-                           object_pairs_hook=_no_duplicates)
+        if text.startswith("\ufeff"):  # as json.loads: a byte-order mark is not JSON
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM", text, 0)
+        value = _DECODER.decode(text)
     except ProtocolError:
         raise
     except (UnicodeDecodeError, ValueError) as exc:
@@ -96,7 +105,7 @@ def parse(data: bytes) -> dict:
 
 
 def dump(message: dict) -> bytes:
-    return json.dumps(message, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    return _ENCODER.encode(message).encode("utf-8")
 
 
 def plain(value: Any) -> Any:

@@ -189,9 +189,31 @@ def _flags():
          lambda v: setattr(matmul, "allow_tf32", v)),
     ]
     if hasattr(torch, "get_default_device"):
-        flags.append(("default device", lambda: str(torch.get_default_device()),
-                      torch.set_default_device))
+        flags.append(("default device", _default_device_getter(), torch.set_default_device))
     return flags
+
+
+def _default_device_getter():
+    """``str(torch.get_default_device())`` read without building a device where none was set:
+    the same two places torch looks (a ``DeviceContext`` among the function modes, which
+    ``set_default_device`` pushes, and the global device context), read at every call; where
+    either holds one, torch's own getter (taken now, before any target) names it."""
+    import torch  # worker: torch loads in the zygote, after this
+    from torch.overrides import _get_current_function_mode_stack  # worker: as above
+    from torch.utils._device import DeviceContext  # worker: as above
+
+    get, space = torch.get_default_device, vars(torch)
+
+    def default_device() -> str:
+        for mode in _get_current_function_mode_stack():
+            if isinstance(mode, DeviceContext):
+                return str(get())
+        holder = space.get("_GLOBAL_DEVICE_CONTEXT")
+        if getattr(holder, "device_context", None) is not None:
+            return str(get())
+        return "cpu"
+
+    return default_device
 
 
 def _set_cudnn(deterministic, benchmark, tf32) -> None:

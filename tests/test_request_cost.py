@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.autograd import forward_ad
 
-from attnverify import remote
+from attnverify import remote, worker
 from attnverify.runconfig import make_context
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -104,3 +104,65 @@ def test_the_cheap_path_still_refuses_a_reused_output_buffer(monkeypatch):
     with pytest.raises(remote.Refused, match="earlier call"):
         spec(z)
     assert counted.n == 0
+
+
+# --------------------------------------------------------------------------------------------
+# The state guard's cheaper getters read the same state, at every call
+
+
+def test_the_default_device_getter_agrees_with_torch():
+    get = worker._default_device_getter()
+    assert get() == str(torch.get_default_device()) == "cpu"
+    try:
+        torch.set_default_device("meta")
+        assert get() == str(torch.get_default_device()) == "meta"
+        torch.set_default_device(None)
+        assert get() == "cpu"
+        with torch.device("meta"):  # a device context alone, no global default
+            assert get() == str(torch.get_default_device()) == "meta"
+        assert get() == "cpu"
+    finally:
+        torch.set_default_device(None)
+
+
+def test_a_default_device_set_by_the_target_is_found_at_each_call(tmp_path):
+    source = tmp_path / "sets_device.py"
+    source.write_text(
+        "import torch\n"
+        "def sets_device(scores, dim=-1):\n"
+        "    out = torch.softmax(scores, dim)\n"
+        "    torch.set_default_device('meta')\n"
+        "    return out\n"
+        "def enters_device(scores, dim=-1):\n"
+        "    out = torch.softmax(scores, dim)\n"
+        "    torch.device('meta').__enter__()  # never left\n"
+        "    return out\n"
+    )
+    for name in ("sets_device", "enters_device"):
+        spec = remote.open_normalizer(f"{source}:{name}", {}, DEV)
+        effects = spec.fn.monitor.effects
+        z = torch.randn(2, 3, dtype=torch.float64)
+        for call in (1, 2):
+            assert torch.equal(spec(z), torch.softmax(z, -1))
+            found = [e.what for e in effects if "default device changed" in e.what]
+            assert len(found) == call, (name, [e.what for e in effects])
+        assert "from cpu to meta" in found[0]
+        remote.shutdown()
+
+
+def test_the_guard_reads_every_flag_at_every_call(monkeypatch):
+    """No flag is skipped between calls: each getter runs in every snapshot and check."""
+    guard = worker.StateGuard()
+    counts = [0] * len(guard.flags)
+
+    def counted(i, get):
+        def read():
+            counts[i] += 1
+            return get()
+        return read
+
+    guard.flags = [(name, counted(i, get), put) for i, (name, get, put) in
+                   enumerate(guard.flags)]
+    for _ in range(3):
+        assert guard.check(guard.snapshot()) == []
+    assert counts == [6] * len(counts)
