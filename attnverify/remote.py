@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import ctypes
 import dataclasses
 import inspect
 import math
@@ -605,10 +606,14 @@ class Channel:
                 slots.append(slots[first[i]])
                 written.append(written[first[i]])
                 continue
-            slots.append(wire.write_tensor(self.arena, layout, t, device=str(t.device)))
             # what the slot must hold, to read back after the answer (and at later requests):
-            # the bytes of this process's own tensors, never read back from the arena
-            written.append(_expected_bytes(t))
+            # the bytes of this process's own tensors, never read back from the arena; on the
+            # CPU the arena's bytes are written from that copy
+            want = _expected_bytes(t)
+            cpu = t.device.type == "cpu"
+            slots.append(wire.write_tensor(self.arena, layout, t, device="cpu" if cpu else
+                                           str(t.device), span=want if cpu else None))
+            written.append(want)
         expected = self._expected(written, message)
         outs = [wire.output_slot(layout, shape, dtype or torch.float64, "cpu")
                 for shape, dtype, _ in outputs]
@@ -840,14 +845,16 @@ def _same_bytes(arena, slot, want) -> bool:
     return n == slot.nbytes and arena.same_bytes(slot.offset, want)
 
 
-def _expected_bytes(t: torch.Tensor) -> torch.Tensor:
+def _expected_bytes(t: torch.Tensor) -> torch.Tensor | bytes:
     """What ``t``'s slot must hold after a call: its storage span's bytes (:func:`_raw`) in
-    storage of this process's own, one copy (a tensor marked constant, :func:`wire.constant`:
-    its own bytes, no copy)."""
-    raw = _raw(t)
+    memory of this process's own, one copy (bytes, on the CPU; a tensor marked constant,
+    :func:`wire.constant`: its own bytes, no copy)."""
     if wire.is_constant(t):
-        return raw
-    return raw.clone() if t.device.type == "cpu" else raw  # off the CPU: .cpu() copied
+        return _raw(t)
+    if t.device.type == "cpu":  # the span's bytes, from the start of the storage, copied once
+        n = _span_bytes(t)
+        return ctypes.string_at(t.untyped_storage().data_ptr(), n) if n else b""
+    return _raw(t)  # off the CPU: .cpu() copied
 
 
 def _first_positions(tensors: list) -> list[int]:

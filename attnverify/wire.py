@@ -278,6 +278,35 @@ class Arena:
             return here == bytes(want)
         return here == want.numpy().tobytes()
 
+    def copy_in(self, offset: int, src) -> None:
+        """The bytes of ``src`` (bytes, or a contiguous CPU tensor: its bytes) written at
+        ``offset``: one copy (``memmove``) where the arena is mapped through libc."""
+        if isinstance(src, (bytes, bytearray)):
+            n, pointer = len(src), src
+        else:
+            n, pointer = src.numel() * src.element_size(), src.data_ptr()
+        if offset < 0 or offset + n > self.size:
+            raise ProtocolError("the arena is too small for this request")
+        if n == 0:
+            return
+        if isinstance(self.buffer, ctypes.Array):
+            ctypes.memmove(ctypes.addressof(self.buffer) + offset, pointer, n)
+        else:
+            memoryview(self.buffer)[offset:offset + n] = ctypes.string_at(pointer, n)
+
+    def copy_out(self, offset: int, dst) -> None:
+        """The arena's bytes at ``offset`` read once into ``dst`` (a contiguous CPU tensor of
+        this process's own, as many bytes as it holds)."""
+        n = dst.numel() * dst.element_size()
+        if offset < 0 or offset + n > self.size:
+            raise ProtocolError("a tensor slot outside the arena")
+        if n == 0:
+            return
+        if isinstance(self.buffer, ctypes.Array):
+            ctypes.memmove(dst.data_ptr(), ctypes.addressof(self.buffer) + offset, n)
+        else:
+            ctypes.memmove(dst.data_ptr(), bytes(self.buffer[offset:offset + n]), n)
+
     def close(self) -> None:
         self.release_fd()
         unmap, self._unmap = self._unmap, None
@@ -478,8 +507,11 @@ def view_of(arena: Arena, slot: Slot, elements: int | None = None):
                             offset=slot.offset)
 
 
-def write_tensor(arena: Arena, layout: Layout, t, device: str | None = None) -> Slot:
-    """Copy ``t``'s storage span into the arena; the slot rebuilds the same view."""
+def write_tensor(arena: Arena, layout: Layout, t, device: str | None = None,
+                 span=None) -> Slot:
+    """Copy ``t``'s storage span into the arena; the slot rebuilds the same view. ``span``: for
+    a CPU tensor, the span's bytes the caller holds already (bytes, or a contiguous CPU tensor,
+    such as its own copy of them), copied from there (``memmove``)."""
     import torch  # torch-free: the zygote imports wire first
 
     t = t.detach()
@@ -488,11 +520,19 @@ def write_tensor(arena: Arena, layout: Layout, t, device: str | None = None) -> 
     offset = layout.take(elements * itemsize)
     slot = Slot(offset, elements, dtype_name(t.dtype), tuple(t.shape), tuple(t.stride()),
                 t.storage_offset() if elements else 0, device or str(t.device))
+    if span is not None:
+        held = len(span) if isinstance(span, (bytes, bytearray)) else \
+            span.numel() * span.element_size()
+        if held != slot.nbytes or t.device.type != "cpu":
+            raise ValueError("a span that is not the CPU tensor's storage span")
     if elements:
         if layout.used > arena.size:
             raise ProtocolError("the arena is too small for this request")
-        flat = torch.as_strided(t, (elements,), (1,), 0)
-        view_of(arena, slot).copy_(flat)
+        if span is not None:
+            arena.copy_in(offset, span)
+        else:
+            flat = torch.as_strided(t, (elements,), (1,), 0)
+            view_of(arena, slot).copy_(flat)
     return slot
 
 
@@ -520,6 +560,8 @@ def read_tensor(arena: Arena, slot: Slot, *, fresh: bool = True):
         storage = view_of(arena, slot) if slot.elements else torch.empty(0, dtype=dtype)
         return torch.as_strided(storage, slot.size, slot.stride, slot.storage_offset)
     storage = torch.empty(slot.elements, dtype=dtype, device=slot.device)
-    if slot.elements:
+    if slot.elements and slot.device == "cpu":
+        arena.copy_out(slot.offset, storage)
+    elif slot.elements:
         storage.copy_(view_of(arena, slot))
     return torch.as_strided(storage, slot.size, slot.stride, slot.storage_offset)

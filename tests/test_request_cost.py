@@ -166,3 +166,15 @@ def test_the_guard_reads_every_flag_at_every_call(monkeypatch):
     for _ in range(3):
         assert guard.check(guard.snapshot()) == []
     assert counts == [6] * len(counts)
+
+
+def test_a_draw_from_the_random_generator_is_found_at_that_call():
+    guard = worker.StateGuard()
+    before = guard.snapshot()
+    assert guard.check(before) == []
+    state = torch.get_rng_state()
+    torch.rand(1)  # drawn from: the state moved on
+    found = guard.check(before)
+    assert len(found) == 1 and "random generator" in found[0]
+    assert torch.equal(torch.get_rng_state(), state)  # undone
+    assert guard.check(guard.snapshot()) == []
