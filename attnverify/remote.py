@@ -610,9 +610,9 @@ class Channel:
             # the bytes of this process's own tensors, never read back from the arena; on the
             # CPU the arena's bytes are written from that copy
             want = _expected_bytes(t)
-            cpu = t.device.type == "cpu"
-            slots.append(wire.write_tensor(self.arena, layout, t, device="cpu" if cpu else
-                                           str(t.device), span=want if cpu else None))
+            span = want if isinstance(want, bytes) else None  # the CPU span, as bytes
+            slots.append(wire.write_tensor(self.arena, layout, t, device=str(t.device),
+                                           span=span))
             written.append(want)
         expected = self._expected(written, message)
         outs = [wire.output_slot(layout, shape, dtype or torch.float64, "cpu")
@@ -851,10 +851,19 @@ def _expected_bytes(t: torch.Tensor) -> torch.Tensor | bytes:
     :func:`wire.constant`: its own bytes, no copy)."""
     if wire.is_constant(t):
         return _raw(t)
-    if t.device.type == "cpu":  # the span's bytes, from the start of the storage, copied once
+    if t.device.type == "cpu" and not (t.is_neg() or t.is_conj()):
+        # the span's bytes, from the start of a storage that holds them, copied once
         n = _span_bytes(t)
-        return ctypes.string_at(t.untyped_storage().data_ptr(), n) if n else b""
-    return _raw(t)  # off the CPU: .cpu() copied
+        if n == 0:
+            return b""
+        try:
+            storage = t.untyped_storage()
+        except (NotImplementedError, RuntimeError):  # no storage of its own to read
+            storage = None
+        if storage is not None and storage.data_ptr() and storage.nbytes() >= n:
+            return ctypes.string_at(storage.data_ptr(), n)
+    raw = _raw(t)
+    return raw.clone() if t.device.type == "cpu" else raw  # off the CPU: .cpu() copied
 
 
 def _first_positions(tensors: list) -> list[int]:
