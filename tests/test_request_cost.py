@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.autograd import forward_ad
 
-from attnverify import remote, worker
+from attnverify import remote, wire, worker
 from attnverify.runconfig import make_context
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -178,3 +178,53 @@ def test_a_draw_from_the_random_generator_is_found_at_that_call():
     assert len(found) == 1 and "random generator" in found[0]
     assert torch.equal(torch.get_rng_state(), state)  # undone
     assert guard.check(guard.snapshot()) == []
+
+
+# --------------------------------------------------------------------------------------------
+# Messages: one decoder and one encoder; inputs written from the checker's own copy
+
+
+def test_messages_build_no_json_codec_per_message(monkeypatch):
+    import json
+
+    built = []
+
+    class Decoder(json.JSONDecoder):
+        def __init__(self, *a, **kw):
+            built.append("decoder")
+            super().__init__(*a, **kw)
+
+    class Encoder(json.JSONEncoder):
+        def __init__(self, *a, **kw):
+            built.append("encoder")
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(json, "JSONDecoder", Decoder)
+    monkeypatch.setattr(json, "JSONEncoder", Encoder)
+    message = {"op": "call", "id": 3, "args": [{"$tensor": 0}], "kwargs": {"dim": -1}}
+    for _ in range(3):
+        assert wire.parse(wire.dump(message)) == message
+    assert built == []
+    # as strict as before: duplicate keys (nested too), non-finite numbers, a byte-order mark
+    for bad in (b'{"a":1,"a":2}', b'{"a":{"b":1,"b":1}}', b'{"a":NaN}', b'{"a":-Infinity}',
+                b'\xef\xbb\xbf{"a":1}', b'[1]', b'{'):
+        with pytest.raises(wire.ProtocolError):
+            wire.parse(bad)
+    with pytest.raises(ValueError):
+        wire.dump({"a": float("nan")})
+
+
+def test_cpu_inputs_are_written_from_the_checkers_own_copy(monkeypatch):
+    spans = []
+    real = wire.write_tensor
+
+    def spy(arena, layout, t, device=None, span=None):
+        spans.append(span)
+        return real(arena, layout, t, device, span=span)
+
+    monkeypatch.setattr(wire, "write_tensor", spy)
+    spec = remote.open_normalizer("softmax", {}, DEV)
+    view = torch.arange(60, dtype=torch.float64).reshape(4, 15)[1:, ::2].t()
+    assert torch.equal(spec(view, dim=0), torch.softmax(view, 0))
+    (span,) = spans
+    assert span == remote._raw(view).numpy().tobytes()  # the span from the storage's start
