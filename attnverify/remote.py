@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import ctypes
 import dataclasses
 import inspect
 import math
@@ -42,6 +43,7 @@ import time
 from typing import Any
 
 import torch
+from torch.autograd import forward_ad
 
 # jacobian: imported for its side effect of loading torch's forward-mode decompositions quietly
 from attnverify import heartbeat, jacobian, prestart, settings, triton_runtime, wire, worker  # noqa: F401
@@ -629,10 +631,14 @@ class Channel:
                 slots.append(recipes[i])
                 written.append(None)
                 continue
-            slots.append(wire.write_tensor(self.arena, layout, t, device=str(t.device)))
             # what the slot must hold, to read back after the answer (and at later requests):
-            # the bytes of this process's own tensors, never read back from the arena
-            written.append(_expected_bytes(t))
+            # the bytes of this process's own tensors, never read back from the arena; on the
+            # CPU the arena's bytes are written from that copy
+            want = _expected_bytes(t)
+            span = want if isinstance(want, bytes) else None  # the CPU span, as bytes
+            slots.append(wire.write_tensor(self.arena, layout, t, device=str(t.device),
+                                           span=span))
+            written.append(want)
         expected = self._expected(written, message)
         outs = [wire.output_slot(layout, shape, dtype or torch.float64, "cpu")
                 for shape, dtype, _ in outputs]
@@ -864,13 +870,24 @@ def _same_bytes(arena, slot, want) -> bool:
     return n == slot.nbytes and arena.same_bytes(slot.offset, want)
 
 
-def _expected_bytes(t: torch.Tensor) -> torch.Tensor:
+def _expected_bytes(t: torch.Tensor) -> torch.Tensor | bytes:
     """What ``t``'s slot must hold after a call: its storage span's bytes (:func:`_raw`) in
-    storage of this process's own, one copy (a tensor marked constant, :func:`wire.constant`:
-    its own bytes, no copy)."""
-    raw = _raw(t)
+    memory of this process's own, one copy (bytes, on the CPU; a tensor marked constant,
+    :func:`wire.constant`: its own bytes, no copy)."""
     if wire.is_constant(t):
-        return raw
+        return _raw(t)
+    if t.device.type == "cpu" and not (t.is_neg() or t.is_conj()):
+        # the span's bytes, from the start of a storage that holds them, copied once
+        n = _span_bytes(t)
+        if n == 0:
+            return b""
+        try:
+            storage = t.untyped_storage()
+        except (NotImplementedError, RuntimeError):  # no storage of its own to read
+            storage = None
+        if storage is not None and storage.data_ptr() and storage.nbytes() >= n:
+            return ctypes.string_at(storage.data_ptr(), n)
+    raw = _raw(t)
     return raw.clone() if t.device.type == "cpu" else raw  # off the CPU: .cpu() copied
 
 
@@ -1104,8 +1121,26 @@ def _apply(channel: Channel, fn: str, args: list, kwargs: dict, expect) -> torch
             tensors.append(v)
         else:
             plain_kwargs[k] = wire.plain(v)
-    site = _Site(channel, fn, plain_args, plain_kwargs, expect, torch.is_grad_enabled())
+    grad_mode = torch.is_grad_enabled()
+    site = _Site(channel, fn, plain_args, plain_kwargs, expect, grad_mode)
+    if not _autograd_involved(tensors, grad_mode):
+        # nothing to differentiate: the request itself, without the autograd node (whose
+        # ``apply`` binds the signature and builds a context at every call); the same request,
+        # checked the same way
+        return site.forward(tensors)
     return _Call.apply(site, *tensors)
+
+
+def _autograd_involved(tensors: list, grad_mode: bool) -> bool:
+    """Whether a call on ``tensors`` needs the autograd node :class:`_Call`: a tensor that
+    requires grad under grad mode, a dual tensor of forward mode (``forward_ad``), or a
+    ``torch.func`` transform running (``vmap``, ``grad``, ``jvp``: their tensors are wrapped)."""
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return True
+    for t in tensors:
+        if (grad_mode and t.requires_grad) or forward_ad.unpack_dual(t).tangent is not None:
+            return True
+    return False
 
 
 def _same_as_first(tensors):

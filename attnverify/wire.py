@@ -70,20 +70,29 @@ def _reject_constant(name: str):
 
 
 def _no_duplicates(pairs):
-    out = {}
-    for key, value in pairs:
-        if key in out:
-            raise ProtocolError(f"duplicate key {key!r} in a message")
-        out[key] = value
+    out = dict(pairs)
+    if len(out) != len(pairs):  # a key given twice: the first one named
+        seen: set = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ProtocolError(f"duplicate key {key!r} in a message")
+            seen.add(key)
     return out
+
+
+#: One decoder and one encoder for every message (``json.loads``/``json.dumps`` with options
+#: build a new one per call): the same parse and the same bytes.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 
 
 def parse(data: bytes) -> dict:
     """One message: a JSON object, no non-finite numbers, no duplicate keys."""
     try:
         text = data.decode("utf-8")
-        value = json.loads(text, parse_constant=_reject_constant,
-                           object_pairs_hook=_no_duplicates)
+        if text.startswith("\ufeff"):  # as json.loads: a byte-order mark is not JSON
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM", text, 0)
+        value = _DECODER.decode(text)
     except ProtocolError:
         raise
     except (UnicodeDecodeError, ValueError) as exc:
@@ -96,7 +105,7 @@ def parse(data: bytes) -> dict:
 
 
 def dump(message: dict) -> bytes:
-    return json.dumps(message, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    return _ENCODER.encode(message).encode("utf-8")
 
 
 def plain(value: Any) -> Any:
@@ -268,6 +277,35 @@ class Arena:
         if isinstance(want, (bytes, bytearray)):
             return here == bytes(want)
         return here == want.numpy().tobytes()
+
+    def copy_in(self, offset: int, src) -> None:
+        """The bytes of ``src`` (bytes, or a contiguous CPU tensor: its bytes) written at
+        ``offset``: one copy (``memmove``) where the arena is mapped through libc."""
+        if isinstance(src, (bytes, bytearray)):
+            n, pointer = len(src), src
+        else:
+            n, pointer = src.numel() * src.element_size(), src.data_ptr()
+        if offset < 0 or offset + n > self.size:
+            raise ProtocolError("the arena is too small for this request")
+        if n == 0:
+            return
+        if isinstance(self.buffer, ctypes.Array):
+            ctypes.memmove(ctypes.addressof(self.buffer) + offset, pointer, n)
+        else:
+            memoryview(self.buffer)[offset:offset + n] = ctypes.string_at(pointer, n)
+
+    def copy_out(self, offset: int, dst) -> None:
+        """The arena's bytes at ``offset`` read once into ``dst`` (a contiguous CPU tensor of
+        this process's own, as many bytes as it holds)."""
+        n = dst.numel() * dst.element_size()
+        if offset < 0 or offset + n > self.size:
+            raise ProtocolError("a tensor slot outside the arena")
+        if n == 0:
+            return
+        if isinstance(self.buffer, ctypes.Array):
+            ctypes.memmove(dst.data_ptr(), ctypes.addressof(self.buffer) + offset, n)
+        else:
+            ctypes.memmove(dst.data_ptr(), bytes(self.buffer[offset:offset + n]), n)
 
     def close(self) -> None:
         self.release_fd()
@@ -583,8 +621,11 @@ def view_of(arena: Arena, slot: Slot, elements: int | None = None):
                             offset=slot.offset)
 
 
-def write_tensor(arena: Arena, layout: Layout, t, device: str | None = None) -> Slot:
-    """Copy ``t``'s storage span into the arena; the slot rebuilds the same view."""
+def write_tensor(arena: Arena, layout: Layout, t, device: str | None = None,
+                 span=None) -> Slot:
+    """Copy ``t``'s storage span into the arena; the slot rebuilds the same view. ``span``: for
+    a CPU tensor, the span's bytes the caller holds already (bytes, or a contiguous CPU tensor,
+    such as its own copy of them), copied from there (``memmove``)."""
     import torch  # torch-free: the zygote imports wire first
 
     t = t.detach()
@@ -593,11 +634,19 @@ def write_tensor(arena: Arena, layout: Layout, t, device: str | None = None) -> 
     offset = layout.take(elements * itemsize)
     slot = Slot(offset, elements, dtype_name(t.dtype), tuple(t.shape), tuple(t.stride()),
                 t.storage_offset() if elements else 0, device or str(t.device))
+    if span is not None:
+        held = len(span) if isinstance(span, (bytes, bytearray)) else \
+            span.numel() * span.element_size()
+        if held != slot.nbytes or t.device.type != "cpu":
+            raise ValueError("a span that is not the CPU tensor's storage span")
     if elements:
         if layout.used > arena.size:
             raise ProtocolError("the arena is too small for this request")
-        flat = torch.as_strided(t, (elements,), (1,), 0)
-        view_of(arena, slot).copy_(flat)
+        if span is not None:
+            arena.copy_in(offset, span)
+        else:
+            flat = torch.as_strided(t, (elements,), (1,), 0)
+            view_of(arena, slot).copy_(flat)
     return slot
 
 
@@ -625,6 +674,8 @@ def read_tensor(arena: Arena, slot: Slot, *, fresh: bool = True):
         storage = view_of(arena, slot) if slot.elements else torch.empty(0, dtype=dtype)
         return torch.as_strided(storage, slot.size, slot.stride, slot.storage_offset)
     storage = torch.empty(slot.elements, dtype=dtype, device=slot.device)
-    if slot.elements:
+    if slot.elements and slot.device == "cpu":
+        arena.copy_out(slot.offset, storage)
+    elif slot.elements:
         storage.copy_(view_of(arena, slot))
     return torch.as_strided(storage, slot.size, slot.stride, slot.storage_offset)

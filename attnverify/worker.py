@@ -189,9 +189,31 @@ def _flags():
          lambda v: setattr(matmul, "allow_tf32", v)),
     ]
     if hasattr(torch, "get_default_device"):
-        flags.append(("default device", lambda: str(torch.get_default_device()),
-                      torch.set_default_device))
+        flags.append(("default device", _default_device_getter(), torch.set_default_device))
     return flags
+
+
+def _default_device_getter():
+    """``str(torch.get_default_device())`` read without building a device where none was set:
+    the same two places torch looks (a ``DeviceContext`` among the function modes, which
+    ``set_default_device`` pushes, and the global device context), read at every call; where
+    either holds one, torch's own getter (taken now, before any target) names it."""
+    import torch  # worker: torch loads in the zygote, after this
+    from torch.overrides import _get_current_function_mode_stack  # worker: as above
+    from torch.utils._device import DeviceContext  # worker: as above
+
+    get, space = torch.get_default_device, vars(torch)
+
+    def default_device() -> str:
+        for mode in _get_current_function_mode_stack():
+            if isinstance(mode, DeviceContext):
+                return str(get())
+        holder = space.get("_GLOBAL_DEVICE_CONTEXT")
+        if getattr(holder, "device_context", None) is not None:
+            return str(get())
+        return "cpu"
+
+    return default_device
 
 
 def _set_cudnn(deterministic, benchmark, tf32) -> None:
@@ -231,8 +253,9 @@ def _more_flags():
         out.append(("nn.MultiheadAttention fast path", mha.get_fastpath_enabled,
                     mha.set_fastpath_enabled))
     out.append(("flush-to-zero of denormals", _flushes_denormals, torch.set_flush_denormal))
+    generator = torch.default_generator  # the process's CPU generator, taken before any target
     out.append(("the global random generator's state (reseeded or drawn from)",
-                _RngState.now, lambda v: torch.set_rng_state(v.state)))
+                lambda: _RngState(generator.get_state()), lambda v: torch.set_rng_state(v.state)))
     return out
 
 
@@ -249,21 +272,16 @@ def _flushes_denormals() -> bool:
 
 
 class _RngState:
-    """The CPU generator's state, compared by value."""
+    """The CPU generator's state, compared by value: its bytes, taken when it is read (one
+    comparison of two byte strings where ``torch.equal`` of the tensors takes several times as
+    long)."""
 
     def __init__(self, state) -> None:
         self.state = state
-
-    @classmethod
-    def now(cls) -> _RngState:
-        import torch  # worker: torch loads in the zygote, after this
-
-        return cls(torch.get_rng_state())
+        self.data = state.numpy().tobytes()
 
     def __eq__(self, other) -> bool:
-        import torch  # worker: torch loads in the zygote, after this
-
-        return isinstance(other, _RngState) and torch.equal(self.state, other.state)
+        return isinstance(other, _RngState) and self.data == other.data
 
     def __str__(self) -> str:
         return f"state {hashlib.sha1(self.state.numpy().tobytes()).hexdigest()[:8]}"
@@ -393,6 +411,10 @@ class StateGuard:
         return (None if self.versions is None else self.versions()), self._flag_values()
 
     def _flag_values(self) -> list:
+        try:  # every getter, in one pass
+            return [get() for _name, get, _set in self.flags]
+        except Exception:  # noqa: BLE001 - a getter itself was replaced: read one by one
+            pass
         out = []
         for _name, get, _set in self.flags:
             try:

@@ -55,9 +55,12 @@ def test_drop_pages_from_an_offset_keeps_what_is_before_it():
 
 def test_expected_bytes_are_a_copy_except_for_a_constant():
     t = torch.randn(4, 5)
-    copied = remote._expected_bytes(t)
-    assert copied.data_ptr() != t.data_ptr() and torch.equal(copied, t.view(torch.uint8)
-                                                                   .flatten())
+    copied = remote._expected_bytes(t)  # on the CPU: the span's bytes, a copy of them
+    assert copied == t.numpy().tobytes()
+    t.add_(1)
+    assert copied != t.numpy().tobytes()
+    view = torch.arange(60.0).reshape(4, 15)[1:, ::2].t()  # the span from the storage's start
+    assert remote._expected_bytes(view) == remote._raw(view).numpy().tobytes()
     c = wire.constant(torch.randn(4, 5))
     assert remote._expected_bytes(c).data_ptr() == c.data_ptr()
     other = c.detach()  # another object over the same storage (as torch.func hands over)
@@ -73,9 +76,9 @@ def test_a_tensor_given_twice_is_written_once(monkeypatch):
     writes = []
     real = wire.write_tensor
 
-    def counting(arena, layout, t, device=None):
+    def counting(arena, layout, t, device=None, **kw):
         writes.append(tuple(t.shape))
-        return real(arena, layout, t, device)
+        return real(arena, layout, t, device, **kw)
 
     monkeypatch.setattr(wire, "write_tensor", counting)
     spec = remote.open_attention("sdpa", {}, make_context("dev"))
@@ -178,9 +181,9 @@ def test_the_lifting_sends_no_byte_of_its_identity(monkeypatch):
     writes = []
     real = wire.write_tensor
 
-    def counting(arena, layout, t, device=None):
+    def counting(arena, layout, t, device=None, **kw):
         writes.append(tuple(t.shape))
-        return real(arena, layout, t, device)
+        return real(arena, layout, t, device, **kw)
 
     monkeypatch.setattr(wire, "write_tensor", counting)
     spec = remote.open_attention("sdpa", {}, make_context("dev"))
