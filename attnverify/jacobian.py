@@ -47,7 +47,7 @@ BASIS_ELEMENTS = 1 << 24
 #: Elements of the tangent batch (``[block · rows, L]``) used by the column-block norms.
 BLOCK_ELEMENTS = 1 << 22
 
-DEFAULT_STEPS = {"lanczos": 128, "power": 2000, "dense": 1, "auto": 128}
+DEFAULT_STEPS = {"lanczos": 128, "power": 2000, "dense": 1, "dense_lanczos": 128, "auto": 128}
 
 #: ``method="auto"`` forms the dense Jacobian (one batch of products, then an SVD) up to this
 #: many entries ``R·L²``, and runs Lanczos beyond.
@@ -268,40 +268,68 @@ def spectral_norm(
         rows = z.numel() // max(length, 1)
         method = "dense" if rows * length * length <= DENSE_AUTO else "lanczos"
     if method == "dense":
-        return _dense_spectral(f, z)
+        return _dense_spectral(f, z, threads)
     steps = iters or DEFAULT_STEPS[method]
-    steps = min(steps, length) if method == "lanczos" else steps
+    steps = min(steps, length) if method != "power" else steps
     tol = tol_for(z.dtype).rtol if tol is None else tol
-    with intra_op_threads(threads):
-        parts = _solve_chunks(f, z.detach().reshape(-1, length), steps, tol, seed, method)
+    rows = z.detach().reshape(-1, length)
+    if method == "dense_lanczos":
+        # every row's Jacobian in few requests, then Lanczos on it with products in this process
+        J = dense_jacobian(f, rows)
+        with intra_op_threads(threads):
+            parts = _solve_chunks(lambda i, part: DenseProducts(J[i:i + len(part)]), rows,
+                                  steps, tol, seed, "lanczos")
+    else:
+        with intra_op_threads(threads):
+            parts = _solve_chunks(lambda _i, part: linearize(f, part), rows, steps, tol, seed,
+                                  method)
     value, residual = (torch.cat([p[i] for p in parts]).reshape(z.shape[:-1]) for i in (0, 1))
     converged = _converged(value, residual, tol)
     return SpectralNorm(value, residual, converged, max(p[2] for p in parts), method, parts[0][3])
 
 
-def _dense_spectral(f: RowMap, z: Tensor) -> SpectralNorm:
+def _dense_spectral(f: RowMap, z: Tensor, threads: int | None) -> SpectralNorm:
     """``‖J‖₂`` of every row from its dense Jacobian (an SVD per row)."""
     length = z.shape[-1]
     rows = z.detach().reshape(-1, length)
     J = dense_jacobian(f, rows)
-    value = torch.linalg.matrix_norm(J, ord=2) if length else rows.new_zeros(len(rows))
+    with intra_op_threads(threads):
+        value = torch.linalg.matrix_norm(J, ord=2) if length else rows.new_zeros(len(rows))
     value = value.reshape(z.shape[:-1])
     zero = torch.zeros_like(value)
     return SpectralNorm(value, zero, torch.ones_like(value, dtype=torch.bool), 1, "dense",
                         "dense")
 
 
-def _solve_chunks(f: RowMap, rows: Tensor, steps: int, tol: float, seed: int, method: str):
-    """Run the solver on chunks of rows small enough for the Krylov bases to fit the budget."""
+def _solve_chunks(products, rows: Tensor, steps: int, tol: float, seed: int, method: str):
+    """Run the solver on chunks of rows small enough for the Krylov bases to fit the budget;
+    ``products(start, part)`` gives the ``J·v`` / ``Jᵀ·u`` of the chunk ``part`` of the rows
+    that starts at row ``start`` (a :class:`Linearization` or :class:`DenseProducts`)."""
     gen = torch.Generator().manual_seed(seed)
     start = torch.randn(rows.shape, generator=gen, dtype=rows.dtype).to(rows.device)
     lanczos = method == "lanczos"
     chunk = max(1, BASIS_ELEMENTS // (steps * rows.shape[-1])) if lanczos else len(rows)
     solve = _bidiagonalize if lanczos else _power
     return [
-        solve(linearize(f, part), v0, steps, tol)
-        for part, v0 in zip(rows.split(chunk), start.split(chunk))
+        solve(products(i * chunk, part), v0, steps, tol)
+        for i, (part, v0) in enumerate(zip(rows.split(chunk), start.split(chunk)))
     ]
+
+
+class DenseProducts:
+    """``J·v`` and ``Jᵀ·u`` of dense Jacobians ``J`` (``[R, L, L]``) held in this process: the
+    interface of :class:`Linearization` that the solvers use (``mode`` ``"dense"``)."""
+
+    mode = "dense"
+
+    def __init__(self, J: Tensor) -> None:
+        self.J = J
+
+    def jvp(self, v: Tensor) -> Tensor:
+        return torch.bmm(self.J, v.unsqueeze(-1)).squeeze(-1)
+
+    def vjp(self, u: Tensor) -> Tensor:
+        return torch.bmm(self.J.transpose(1, 2), u.unsqueeze(-1)).squeeze(-1)
 
 
 @contextlib.contextmanager
@@ -394,24 +422,54 @@ def _power(lin: Linearization, v0: Tensor, steps: int, tol: float):
 # Entry-wise norms, by blocks of columns
 
 
+def _direct_jvp(f: RowMap, z: Tensor) -> Callable[[Tensor], Tensor] | None:
+    """``v ↦ J·v`` at the rows ``z`` from ``f.products(z)`` where ``f`` offers it (a row map of
+    a function behind the process boundary: one request per product, where ``torch.func.jvp``
+    through the proxy makes two), else ``None``."""
+    products = getattr(f, "products", None)
+    if not callable(products):
+        return None
+    try:
+        return products(z)[0]
+    except Exception:  # noqa: BLE001 - no direct products: torch.func, as without them
+        return None
+
+
 def _blocks(f: RowMap, z: Tensor, block: int | None) -> Iterator[tuple[Tensor, int]]:
-    """Column blocks (axis ``-1``) by forward mode, or row blocks (axis ``-2``) by reverse mode."""
+    """Column blocks (axis ``-1``) by forward mode, or row blocks (axis ``-2``) by reverse mode.
+
+    A block of ``k`` columns is one batch of ``k`` products (the rows repeated ``k`` times, copy
+    ``j`` with the tangent ``e_{c0+j}``): one request where ``f`` offers direct products
+    (:func:`_direct_jvp`), else ``torch.func.jvp``. Where the first block fails the direct way,
+    ``torch.func`` is tried, and where that fails too, reverse mode (as in
+    :class:`Linearization`)."""
     shape, length = z.shape[:-1], z.shape[-1]
     rows = z.detach().reshape(-1, length)
     R = len(rows)
     k = block or max(1, min(length, BLOCK_ELEMENTS // max(1, R * length)))
     repeated = rows.repeat(k, 1)
+    direct = _direct_jvp(f, repeated)
     for c0 in range(0, length, k):
         width = min(k, length - c0)
         basis = rows.new_zeros(k, R, length)
         cols = torch.arange(width, device=rows.device)
         basis[cols, :, c0 + cols] = 1.0
-        try:
-            out = torch.func.jvp(f, (repeated,), (basis.reshape(k * R, length),))[1]
-        except Exception:  # noqa: BLE001 - no forward mode: rebuild from reverse mode
-            if c0:
-                raise
-            break
+        tangent = basis.reshape(k * R, length)
+        out = None
+        if direct is not None:
+            try:
+                out = direct(tangent)
+            except Exception:  # noqa: BLE001 - no forward mode there: torch.func, as before
+                if c0:
+                    raise
+                direct = None
+        if out is None:
+            try:
+                out = torch.func.jvp(f, (repeated,), (tangent,))[1]
+            except Exception:  # noqa: BLE001 - no forward mode: rebuild from reverse mode
+                if c0:
+                    raise
+                break
         out = out.reshape(k, R, length)[:width].permute(1, 2, 0)
         yield out.reshape(shape + (length, width)), -1
     else:
