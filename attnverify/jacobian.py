@@ -5,10 +5,12 @@ same shape, each output row depending on its own input row only (the ``batch_ind
 property). ``J_b = ∂f(z_b)/∂z_b`` is the ``L × L`` Jacobian of row ``b``; everything here is
 batched over rows, so many rows cost one call of ``f``.
 
-Products ``J·v`` come from forward-mode AD (``torch.func.jvp``) and ``Jᵀ·u`` from reverse mode.
-When ``f`` uses a custom ``torch.autograd.Function`` without forward-mode support, both fall back
-to plain autograd: ``Jᵀu`` is one backward pass and ``J·v`` the double-backward trick
-``∂⟨Jᵀw, v⟩/∂w`` (which needs ``f``'s backward to be differentiable).
+Products ``J·v`` come from forward-mode AD (``torch.func.jvp``) and ``Jᵀ·u`` from reverse mode;
+where ``f`` offers ``f.products(z)`` (a function behind the process boundary), from that first:
+one request to the worker per product or per batch of products. When ``f`` uses a custom
+``torch.autograd.Function`` without forward-mode support, both fall back to plain autograd:
+``Jᵀu`` is one backward pass and ``J·v`` the double-backward trick ``∂⟨Jᵀw, v⟩/∂w`` (which needs
+``f``'s backward to be differentiable), or the dense Jacobian from ``L`` VJPs.
 """
 
 from __future__ import annotations
@@ -252,14 +254,19 @@ def spectral_norm(
     (Lanczos: at most ``L``). ``method="dense"``: every row's Jacobian formed by column blocks of
     products (:func:`dense_jacobian`) and its largest singular value taken by an SVD (exact up
     to rounding; residual 0): few products in few batches, which is what a map behind the
-    process boundary needs. ``method="auto"``: dense up to :data:`DENSE_AUTO` entries, else
-    Lanczos. ``tol`` defaults to the dtype's ``rtol``; the start vectors are
-    Gaussian from a generator seeded with ``seed``.
+    process boundary needs. ``method="dense_lanczos"``: the dense Jacobian formed the same way,
+    then Lanczos on it with its products formed in this process (:class:`DenseProducts`): the
+    same value, residual and stopping rule as ``"lanczos"`` (``mode`` ``"dense"``), without an
+    SVD's ``L³`` or a request per step, for rows whose ``L²`` entries are cheap to form.
+    ``method="auto"``: dense up to :data:`DENSE_AUTO` entries, else Lanczos. ``tol`` defaults
+    to the dtype's ``rtol``; the start vectors are Gaussian from a generator seeded with
+    ``seed``.
 
-    ``threads`` is torch's intra-op thread count during the iteration, restored afterwards
-    (``None`` keeps the current setting). One thread is the default: every step is a handful of
-    memory-bound passes over L numbers, and on a shared CPU the thread barriers of a parallel
-    op cost several times what they save (see ``benchmarks/bench_jacobian.py``).
+    ``threads`` is torch's intra-op thread count during the iteration (and the dense method's
+    SVD), restored afterwards (``None`` keeps the current setting). One thread is the default:
+    every step is a handful of memory-bound passes over L numbers, and on a shared CPU the
+    thread barriers of a parallel op cost several times what they save (see
+    ``benchmarks/bench_jacobian.py``).
     """
     if method not in DEFAULT_STEPS:
         raise ValueError(f"method={method!r} is not one of {', '.join(DEFAULT_STEPS)}")
@@ -479,7 +486,9 @@ def _blocks(f: RowMap, z: Tensor, block: int | None) -> Iterator[tuple[Tensor, i
 
 
 def dense_jacobian(f: RowMap, z: Tensor, *, block: int | None = None) -> Tensor:
-    """Every row's full Jacobian ``[..., L, L]`` (``J[..., i, k] = ∂f_i/∂z_k``); for small L."""
+    """Every row's full Jacobian ``[..., L, L]`` (``J[..., i, k] = ∂f_i/∂z_k``); for small L.
+    Behind the process boundary each column block (:func:`_blocks`; one block holds all ``L``
+    columns of one row up to ``L = 2048``) is one request."""
     parts = list(_blocks(f, z, block))
     if not parts:
         return z.new_zeros(z.shape + (z.shape[-1],))
