@@ -478,8 +478,8 @@ def test_a_proxy_without_forward_mode_still_gets_its_norms():
 def test_dense_lanczos_on_a_rank_one_jacobian_with_rounding_noise(length):
     """Two keys at 100, the rest at 0 or −100 (the battery's two-level rows): J is the two-way
     tie's [[¼, −¼], [−¼, ¼]] plus entries of e^-100, rank one up to rounding; the value is ½
-    and never above it (a direction of rounding kept by a block Krylov variant once counted
-    the top singular value twice: 0.5007)."""
+    and never above it (a Krylov direction made of rounding, kept as if it were new, counts the
+    top singular value twice: a block variant tried here gave 0.5007)."""
     z = torch.full((1, length), -100.0, dtype=F64)
     z[0, :2] = 100.0
     z[0, 2::3] = 0.0
