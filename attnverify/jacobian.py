@@ -5,10 +5,12 @@ same shape, each output row depending on its own input row only (the ``batch_ind
 property). ``J_b = ∂f(z_b)/∂z_b`` is the ``L × L`` Jacobian of row ``b``; everything here is
 batched over rows, so many rows cost one call of ``f``.
 
-Products ``J·v`` come from forward-mode AD (``torch.func.jvp``) and ``Jᵀ·u`` from reverse mode.
-When ``f`` uses a custom ``torch.autograd.Function`` without forward-mode support, both fall back
-to plain autograd: ``Jᵀu`` is one backward pass and ``J·v`` the double-backward trick
-``∂⟨Jᵀw, v⟩/∂w`` (which needs ``f``'s backward to be differentiable).
+Products ``J·v`` come from forward-mode AD (``torch.func.jvp``) and ``Jᵀ·u`` from reverse mode;
+where ``f`` offers ``f.products(z)`` (a function behind the process boundary), from that first:
+one request to the worker per product or per batch of products. When ``f`` uses a custom
+``torch.autograd.Function`` without forward-mode support, both fall back to plain autograd:
+``Jᵀu`` is one backward pass and ``J·v`` the double-backward trick ``∂⟨Jᵀw, v⟩/∂w`` (which needs
+``f``'s backward to be differentiable), or the dense Jacobian from ``L`` VJPs.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ BASIS_ELEMENTS = 1 << 24
 #: Elements of the tangent batch (``[block · rows, L]``) used by the column-block norms.
 BLOCK_ELEMENTS = 1 << 22
 
-DEFAULT_STEPS = {"lanczos": 128, "power": 2000, "dense": 1, "auto": 128}
+DEFAULT_STEPS = {"lanczos": 128, "power": 2000, "dense": 1, "dense_lanczos": 128, "auto": 128}
 
 #: ``method="auto"`` forms the dense Jacobian (one batch of products, then an SVD) up to this
 #: many entries ``R·L²``, and runs Lanczos beyond.
@@ -252,14 +254,19 @@ def spectral_norm(
     (Lanczos: at most ``L``). ``method="dense"``: every row's Jacobian formed by column blocks of
     products (:func:`dense_jacobian`) and its largest singular value taken by an SVD (exact up
     to rounding; residual 0): few products in few batches, which is what a map behind the
-    process boundary needs. ``method="auto"``: dense up to :data:`DENSE_AUTO` entries, else
-    Lanczos. ``tol`` defaults to the dtype's ``rtol``; the start vectors are
-    Gaussian from a generator seeded with ``seed``.
+    process boundary needs. ``method="dense_lanczos"``: the dense Jacobian formed the same way,
+    then Lanczos on it with its products formed in this process (:class:`DenseProducts`): the
+    same value, residual and stopping rule as ``"lanczos"`` (``mode`` ``"dense"``), without an
+    SVD's ``L³`` or a request per step, for rows whose ``L²`` entries are cheap to form.
+    ``method="auto"``: dense up to :data:`DENSE_AUTO` entries, else Lanczos. ``tol`` defaults
+    to the dtype's ``rtol``; the start vectors are Gaussian from a generator seeded with
+    ``seed``.
 
-    ``threads`` is torch's intra-op thread count during the iteration, restored afterwards
-    (``None`` keeps the current setting). One thread is the default: every step is a handful of
-    memory-bound passes over L numbers, and on a shared CPU the thread barriers of a parallel
-    op cost several times what they save (see ``benchmarks/bench_jacobian.py``).
+    ``threads`` is torch's intra-op thread count during the iteration (and the dense method's
+    SVD), restored afterwards (``None`` keeps the current setting). One thread is the default:
+    every step is a handful of memory-bound passes over L numbers, and on a shared CPU the
+    thread barriers of a parallel op cost several times what they save (see
+    ``benchmarks/bench_jacobian.py``).
     """
     if method not in DEFAULT_STEPS:
         raise ValueError(f"method={method!r} is not one of {', '.join(DEFAULT_STEPS)}")
@@ -268,40 +275,68 @@ def spectral_norm(
         rows = z.numel() // max(length, 1)
         method = "dense" if rows * length * length <= DENSE_AUTO else "lanczos"
     if method == "dense":
-        return _dense_spectral(f, z)
+        return _dense_spectral(f, z, threads)
     steps = iters or DEFAULT_STEPS[method]
-    steps = min(steps, length) if method == "lanczos" else steps
+    steps = min(steps, length) if method != "power" else steps
     tol = tol_for(z.dtype).rtol if tol is None else tol
-    with intra_op_threads(threads):
-        parts = _solve_chunks(f, z.detach().reshape(-1, length), steps, tol, seed, method)
+    rows = z.detach().reshape(-1, length)
+    if method == "dense_lanczos":
+        # every row's Jacobian in few requests, then Lanczos on it with products in this process
+        J = dense_jacobian(f, rows)
+        with intra_op_threads(threads):
+            parts = _solve_chunks(lambda i, part: DenseProducts(J[i:i + len(part)]), rows,
+                                  steps, tol, seed, "lanczos")
+    else:
+        with intra_op_threads(threads):
+            parts = _solve_chunks(lambda _i, part: linearize(f, part), rows, steps, tol, seed,
+                                  method)
     value, residual = (torch.cat([p[i] for p in parts]).reshape(z.shape[:-1]) for i in (0, 1))
     converged = _converged(value, residual, tol)
     return SpectralNorm(value, residual, converged, max(p[2] for p in parts), method, parts[0][3])
 
 
-def _dense_spectral(f: RowMap, z: Tensor) -> SpectralNorm:
+def _dense_spectral(f: RowMap, z: Tensor, threads: int | None) -> SpectralNorm:
     """``‖J‖₂`` of every row from its dense Jacobian (an SVD per row)."""
     length = z.shape[-1]
     rows = z.detach().reshape(-1, length)
     J = dense_jacobian(f, rows)
-    value = torch.linalg.matrix_norm(J, ord=2) if length else rows.new_zeros(len(rows))
+    with intra_op_threads(threads):
+        value = torch.linalg.matrix_norm(J, ord=2) if length else rows.new_zeros(len(rows))
     value = value.reshape(z.shape[:-1])
     zero = torch.zeros_like(value)
     return SpectralNorm(value, zero, torch.ones_like(value, dtype=torch.bool), 1, "dense",
                         "dense")
 
 
-def _solve_chunks(f: RowMap, rows: Tensor, steps: int, tol: float, seed: int, method: str):
-    """Run the solver on chunks of rows small enough for the Krylov bases to fit the budget."""
+def _solve_chunks(products, rows: Tensor, steps: int, tol: float, seed: int, method: str):
+    """Run the solver on chunks of rows small enough for the Krylov bases to fit the budget;
+    ``products(start, part)`` gives the ``J·v`` / ``Jᵀ·u`` of the chunk ``part`` of the rows
+    that starts at row ``start`` (a :class:`Linearization` or :class:`DenseProducts`)."""
     gen = torch.Generator().manual_seed(seed)
     start = torch.randn(rows.shape, generator=gen, dtype=rows.dtype).to(rows.device)
     lanczos = method == "lanczos"
     chunk = max(1, BASIS_ELEMENTS // (steps * rows.shape[-1])) if lanczos else len(rows)
     solve = _bidiagonalize if lanczos else _power
     return [
-        solve(linearize(f, part), v0, steps, tol)
-        for part, v0 in zip(rows.split(chunk), start.split(chunk))
+        solve(products(i * chunk, part), v0, steps, tol)
+        for i, (part, v0) in enumerate(zip(rows.split(chunk), start.split(chunk)))
     ]
+
+
+class DenseProducts:
+    """``J·v`` and ``Jᵀ·u`` of dense Jacobians ``J`` (``[R, L, L]``) held in this process: the
+    interface of :class:`Linearization` that the solvers use (``mode`` ``"dense"``)."""
+
+    mode = "dense"
+
+    def __init__(self, J: Tensor) -> None:
+        self.J = J
+
+    def jvp(self, v: Tensor) -> Tensor:
+        return torch.bmm(self.J, v.unsqueeze(-1)).squeeze(-1)
+
+    def vjp(self, u: Tensor) -> Tensor:
+        return torch.bmm(self.J.transpose(1, 2), u.unsqueeze(-1)).squeeze(-1)
 
 
 @contextlib.contextmanager
@@ -394,24 +429,54 @@ def _power(lin: Linearization, v0: Tensor, steps: int, tol: float):
 # Entry-wise norms, by blocks of columns
 
 
+def _direct_jvp(f: RowMap, z: Tensor) -> Callable[[Tensor], Tensor] | None:
+    """``v ↦ J·v`` at the rows ``z`` from ``f.products(z)`` where ``f`` offers it (a row map of
+    a function behind the process boundary: one request per product, where ``torch.func.jvp``
+    through the proxy makes two), else ``None``."""
+    products = getattr(f, "products", None)
+    if not callable(products):
+        return None
+    try:
+        return products(z)[0]
+    except Exception:  # noqa: BLE001 - no direct products: torch.func, as without them
+        return None
+
+
 def _blocks(f: RowMap, z: Tensor, block: int | None) -> Iterator[tuple[Tensor, int]]:
-    """Column blocks (axis ``-1``) by forward mode, or row blocks (axis ``-2``) by reverse mode."""
+    """Column blocks (axis ``-1``) by forward mode, or row blocks (axis ``-2``) by reverse mode.
+
+    A block of ``k`` columns is one batch of ``k`` products (the rows repeated ``k`` times, copy
+    ``j`` with the tangent ``e_{c0+j}``): one request where ``f`` offers direct products
+    (:func:`_direct_jvp`), else ``torch.func.jvp``. Where the first block fails the direct way,
+    ``torch.func`` is tried, and where that fails too, reverse mode (as in
+    :class:`Linearization`)."""
     shape, length = z.shape[:-1], z.shape[-1]
     rows = z.detach().reshape(-1, length)
     R = len(rows)
     k = block or max(1, min(length, BLOCK_ELEMENTS // max(1, R * length)))
     repeated = rows.repeat(k, 1)
+    direct = _direct_jvp(f, repeated)
     for c0 in range(0, length, k):
         width = min(k, length - c0)
         basis = rows.new_zeros(k, R, length)
         cols = torch.arange(width, device=rows.device)
         basis[cols, :, c0 + cols] = 1.0
-        try:
-            out = torch.func.jvp(f, (repeated,), (basis.reshape(k * R, length),))[1]
-        except Exception:  # noqa: BLE001 - no forward mode: rebuild from reverse mode
-            if c0:
-                raise
-            break
+        tangent = basis.reshape(k * R, length)
+        out = None
+        if direct is not None:
+            try:
+                out = direct(tangent)
+            except Exception:  # noqa: BLE001 - no forward mode there: torch.func, as before
+                if c0:
+                    raise
+                direct = None
+        if out is None:
+            try:
+                out = torch.func.jvp(f, (repeated,), (tangent,))[1]
+            except Exception:  # noqa: BLE001 - no forward mode: rebuild from reverse mode
+                if c0:
+                    raise
+                break
         out = out.reshape(k, R, length)[:width].permute(1, 2, 0)
         yield out.reshape(shape + (length, width)), -1
     else:
@@ -421,7 +486,9 @@ def _blocks(f: RowMap, z: Tensor, block: int | None) -> Iterator[tuple[Tensor, i
 
 
 def dense_jacobian(f: RowMap, z: Tensor, *, block: int | None = None) -> Tensor:
-    """Every row's full Jacobian ``[..., L, L]`` (``J[..., i, k] = ∂f_i/∂z_k``); for small L."""
+    """Every row's full Jacobian ``[..., L, L]`` (``J[..., i, k] = ∂f_i/∂z_k``); for small L.
+    Behind the process boundary each column block (:func:`_blocks`; one block holds all ``L``
+    columns of one row up to ``L = 2048``) is one request."""
     parts = list(_blocks(f, z, block))
     if not parts:
         return z.new_zeros(z.shape + (z.shape[-1],))

@@ -92,9 +92,12 @@ class Case:
     @cached_property
     def spectral(self) -> jacobian.SpectralNorm:
         f, z = self.free_map
-        # a short row's Jacobian is formed whole (one batch of products, an SVD of at most
-        # DENSE_KEYS²); a longer one's norm comes from Lanczos, a few products a step
-        method = "dense" if z.shape[-1] <= DENSE_KEYS else "lanczos"
+        # a short row's Jacobian is formed whole (one batch of products: one request behind the
+        # process boundary) and its norm taken by an SVD up to DENSE_KEYS, by Lanczos in this
+        # process up to DENSE_LANCZOS_KEYS; a longer one's norm comes from Lanczos on products
+        length = z.shape[-1]
+        method = "dense" if length <= DENSE_KEYS else \
+            "dense_lanczos" if length <= DENSE_LANCZOS_KEYS else "lanczos"
         return jacobian.spectral_norm(f, z, method=method)
 
     @cached_property
@@ -113,9 +116,17 @@ class Case:
 
 
 #: Rows of at most this many unmasked keys get their spectral norm from the dense Jacobian: one
-#: batch of L products and an SVD of at most 128², exact up to rounding, where Lanczos makes two
-#: products (two requests behind the process boundary) a step, tens of steps on such rows.
+#: batch of L products (one request behind the process boundary) and an SVD of at most 128²,
+#: exact up to rounding, where Lanczos makes two products (two requests) a step, tens of steps
+#: on such rows.
 DENSE_KEYS = 128
+
+#: Rows of more than :data:`DENSE_KEYS` and at most this many unmasked keys: the dense Jacobian
+#: (one batch of L products) and Lanczos on it in this process (``method="dense_lanczos"``;
+#: an SVD costs L³). Longer rows run Lanczos on products: the dense Jacobian's L² products cost
+#: the worker and the transfer more than Lanczos's round trips save there (measured side by
+#: side in the run that set this, docs/FALSIFY.md).
+DENSE_LANCZOS_KEYS = 256
 
 
 class _FreeMap:

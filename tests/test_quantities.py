@@ -215,3 +215,27 @@ def test_rows_up_to_128_keys_take_the_spectral_norm_from_the_dense_jacobian(monk
     assert methods == ["dense", "dense"]
     lanczos = real(lambda z: torch.softmax(z, -1), row, method="lanczos")
     assert float(lanczos.value) == pytest.approx(got, rel=1e-7)
+
+
+@pytest.mark.parametrize("length, method", [(129, "dense_lanczos"), (256, "dense_lanczos"),
+                                            (257, "lanczos")])
+def test_rows_up_to_256_keys_run_lanczos_on_the_dense_jacobian(monkeypatch, length, method):
+    """Over 128 keys and up to 256: the dense Jacobian (one batch of products, one request
+    behind the process boundary) and Lanczos on it in this process; longer rows run Lanczos
+    on products. The value is the hand-formed Jacobian's norm, masked keys left out."""
+    methods = []
+    real = jacobian.spectral_norm
+
+    def spy(f, z, **kwargs):
+        methods.append(kwargs.get("method"))
+        return real(f, z, **kwargs)
+
+    monkeypatch.setattr(jacobian, "spectral_norm", spy)
+    row = 3.0 * torch.randn(length, generator=torch.Generator().manual_seed(length), dtype=F64)
+    alpha = torch.softmax(row, -1)
+    exact = float(torch.linalg.matrix_norm(torch.diag(alpha) - torch.outer(alpha, alpha), 2))
+    got = evaluate_quantities(["jacobian_spectral"], SOFTMAX, row)["jacobian_spectral"]
+    assert methods == [method] and got == pytest.approx(exact, rel=1e-7)
+    padded = torch.cat([row, torch.full((3,), -math.inf, dtype=F64)])
+    got = evaluate_quantities(["jacobian_spectral"], SOFTMAX, padded)["jacobian_spectral"]
+    assert methods == [method, method] and got == pytest.approx(exact, rel=1e-7)
