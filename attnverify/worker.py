@@ -903,7 +903,7 @@ class _Constants:
     requests (the :data:`KEEP` last used); where it cannot be protected, a fresh one for every
     request, so that a target writing into one cannot change a later call's."""
 
-    KEEP = 8
+    KEEP = 4
 
     def __init__(self) -> None:
         self.built: collections.OrderedDict = collections.OrderedDict()

@@ -92,7 +92,7 @@ class Lifted:
         return out.reshape(scores.movedim(dim, -1).shape).movedim(-1, dim)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=4)
 def _identity(length: int, dtype: torch.dtype) -> torch.Tensor:
     """``I_L`` as ``[1, 1, L, L]`` on the CPU, built once per length and dtype, for a kernel
     behind the process boundary; marked constant with the recipe ``"eye"``
