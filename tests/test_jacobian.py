@@ -361,7 +361,7 @@ def test_direct_products_behind_the_boundary_agree_with_torch_func():
 
 
 # --------------------------------------------------------------------------------------------
-# Block Lanczos, dense-then-Lanczos, and dense Jacobians behind the process boundary
+# Dense-then-Lanczos, and dense Jacobians behind the process boundary
 
 
 @FAST

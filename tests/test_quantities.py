@@ -190,11 +190,9 @@ def test_builtin_softmax_if_available():
     assert got == {"jacobian_spectral": approx(1.0), "T": 0.5}
 
 
-@pytest.mark.parametrize("length", [17, 100, 128])
-def test_rows_up_to_128_keys_take_the_spectral_norm_from_the_dense_jacobian(monkeypatch, length):
-    """One batch of products and an SVD (two requests behind the process boundary) instead of
-    Lanczos's two products a step; the value is the hand-formed Jacobian's norm, and Lanczos's
-    to its tolerance."""
+def _spy_methods(monkeypatch):
+    """``(methods, spectral_norm)``: the ``method`` of every ``jacobian.spectral_norm`` call from
+    now on, and the function itself."""
     methods = []
     real = jacobian.spectral_norm
 
@@ -203,6 +201,15 @@ def test_rows_up_to_128_keys_take_the_spectral_norm_from_the_dense_jacobian(monk
         return real(f, z, **kwargs)
 
     monkeypatch.setattr(jacobian, "spectral_norm", spy)
+    return methods, real
+
+
+@pytest.mark.parametrize("length", [17, 100, 128])
+def test_rows_up_to_128_keys_take_the_spectral_norm_from_the_dense_jacobian(monkeypatch, length):
+    """One batch of products and an SVD (two requests behind the process boundary) instead of
+    Lanczos's two products a step; the value is the hand-formed Jacobian's norm, and Lanczos's
+    to its tolerance."""
+    methods, real = _spy_methods(monkeypatch)
     row = 3.0 * torch.randn(length, generator=torch.Generator().manual_seed(length), dtype=F64)
     alpha = torch.softmax(row, -1)
     J = torch.diag(alpha) - torch.outer(alpha, alpha)
@@ -223,14 +230,7 @@ def test_rows_up_to_256_keys_run_lanczos_on_the_dense_jacobian(monkeypatch, leng
     """Over 128 keys and up to 256: the dense Jacobian (one batch of products, one request
     behind the process boundary) and Lanczos on it in this process; longer rows run Lanczos
     on products. The value is the hand-formed Jacobian's norm, masked keys left out."""
-    methods = []
-    real = jacobian.spectral_norm
-
-    def spy(f, z, **kwargs):
-        methods.append(kwargs.get("method"))
-        return real(f, z, **kwargs)
-
-    monkeypatch.setattr(jacobian, "spectral_norm", spy)
+    methods, real = _spy_methods(monkeypatch)
     row = 3.0 * torch.randn(length, generator=torch.Generator().manual_seed(length), dtype=F64)
     alpha = torch.softmax(row, -1)
     exact = float(torch.linalg.matrix_norm(torch.diag(alpha) - torch.outer(alpha, alpha), 2))

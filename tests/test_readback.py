@@ -72,7 +72,8 @@ def test_expected_bytes_are_a_copy_except_for_a_constant():
         remote._expected_bytes(c)
 
 
-def test_a_tensor_given_twice_is_written_once(monkeypatch):
+def _count_writes(monkeypatch) -> list:
+    """The shapes of the tensors written into the arena from now on, in order."""
     writes = []
     real = wire.write_tensor
 
@@ -81,6 +82,11 @@ def test_a_tensor_given_twice_is_written_once(monkeypatch):
         return real(arena, layout, t, device, **kw)
 
     monkeypatch.setattr(wire, "write_tensor", counting)
+    return writes
+
+
+def test_a_tensor_given_twice_is_written_once(monkeypatch):
+    writes = _count_writes(monkeypatch)
     spec = remote.open_attention("sdpa", {}, make_context("dev"))
     try:
         q = torch.randn(1, 1, 3, 5, dtype=torch.float64)
@@ -178,14 +184,7 @@ def test_eye_pages_is_the_identity_and_read_only_when_asked(tmp_path):
 def test_the_lifting_sends_no_byte_of_its_identity(monkeypatch):
     """K = V = I crosses as a recipe: the arena holds the queries and the output only, and the
     weights are the kernel's, bit for bit."""
-    writes = []
-    real = wire.write_tensor
-
-    def counting(arena, layout, t, device=None, **kw):
-        writes.append(tuple(t.shape))
-        return real(arena, layout, t, device, **kw)
-
-    monkeypatch.setattr(wire, "write_tensor", counting)
+    writes = _count_writes(monkeypatch)
     spec = remote.open_attention("sdpa", {}, make_context("dev"))
     try:
         scores = torch.randn(3, 300, dtype=torch.float64)
