@@ -1114,13 +1114,7 @@ def _tensor_positions(values: list) -> tuple[list, list, list]:
 
 def _apply(channel: Channel, fn: str, args: list, kwargs: dict, expect) -> torch.Tensor:
     tensors, plain_args = _tensor_positions(args)
-    plain_kwargs = {}
-    for k, v in kwargs.items():
-        if isinstance(v, torch.Tensor):
-            plain_kwargs[k] = {"$tensor": len(tensors)}
-            tensors.append(v)
-        else:
-            plain_kwargs[k] = wire.plain(v)
+    plain_kwargs = _plain_kwargs(kwargs, tensors)
     grad_mode = torch.is_grad_enabled()
     site = _Site(channel, fn, plain_args, plain_kwargs, expect, grad_mode)
     if not _autograd_involved(tensors, grad_mode):
@@ -1129,6 +1123,19 @@ def _apply(channel: Channel, fn: str, args: list, kwargs: dict, expect) -> torch
         # checked the same way
         return site.forward(tensors)
     return _Call.apply(site, *tensors)
+
+
+def _plain_kwargs(kwargs: dict, tensors: list) -> dict:
+    """``kwargs`` as a message carries them: each tensor appended to ``tensors`` and named by
+    its position there (``{"$tensor": i}``), every other value plain."""
+    plain = {}
+    for k, v in kwargs.items():
+        if isinstance(v, torch.Tensor):
+            plain[k] = {"$tensor": len(tensors)}
+            tensors.append(v)
+        else:
+            plain[k] = wire.plain(v)
+    return plain
 
 
 def _autograd_involved(tensors: list, grad_mode: bool) -> bool:
@@ -1305,14 +1312,7 @@ class RemoteAttentionFunction:
             firsts.append(len(tensors))
             args = [{"$tensor": len(tensors) + i} for i in range(3)]
             tensors += [q, k, v]
-            plain = {}
-            for name, value in kw.items():
-                if isinstance(value, torch.Tensor):
-                    plain[name] = {"$tensor": len(tensors)}
-                    tensors.append(value)
-                else:
-                    plain[name] = wire.plain(value)
-            sent.append({"args": args, "kwargs": plain})
+            sent.append({"args": args, "kwargs": _plain_kwargs(kw, tensors)})
             outputs.append(((*q.shape[:-1], v.shape[-1]), q.dtype, str(q.device)))
         for i, j in (reuse or {}).items():
             sent[i]["reuse"] = firsts[j]
