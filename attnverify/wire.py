@@ -654,13 +654,9 @@ def output_slot(layout: Layout, shape, dtype, device: str) -> Slot:
     """A contiguous slot for a result the worker writes (``shape`` and ``dtype`` expected)."""
     shape = tuple(int(n) for n in shape)
     numel = math.prod(shape)
-    stride, acc = [], 1
-    for n in reversed(shape):
-        stride.append(acc)
-        acc *= max(n, 1)
     name = dtype_name(dtype)
     offset = layout.take(numel * _ITEMSIZE[name])
-    return Slot(offset, numel, name, shape, tuple(reversed(stride)), 0, device)
+    return Slot(offset, numel, name, shape, _contiguous_strides(shape), 0, device)
 
 
 def read_tensor(arena: Arena, slot: Slot, *, fresh: bool = True):
