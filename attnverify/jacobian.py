@@ -136,6 +136,19 @@ class Linearization:
         zz, out = self._plain()
         return _grad(out, zz, u)
 
+    def normal(self, v: Tensor) -> tuple[Tensor, Tensor]:
+        """``(J·v, Jᵀu)``, ``u`` the unit direction of ``J·v`` per row (zero where ``J·v`` is):
+        a step of Lanczos on ``JᵀJ``. One request where the products are direct and offer it,
+        else :meth:`jvp` then :meth:`vjp`."""
+        if self.mode == "direct" and len(self._direct) > 2:
+            try:
+                return self._direct[2](v)
+            except Exception as exc:  # noqa: BLE001 - no forward mode there: fall back
+                self.mode = "forward"
+                self.forward_error = exc
+        jv = self.jvp(v)
+        return jv, self.vjp(_unit(jv)[1])
+
     def dense(self) -> Tensor:
         """The ``[R, L, L]`` Jacobian from reverse mode only (built once, by row blocks)."""
         if self._dense is None:
@@ -247,9 +260,10 @@ def spectral_norm(
 ) -> SpectralNorm:
     """``‖J‖₂`` of every row of ``z`` (``[..., L]``), matrix-free.
 
-    ``method="lanczos"`` (default): Golub–Kahan–Lanczos bidiagonalisation with full
-    reorthogonalisation — Lanczos on ``JᵀJ`` without squaring, one ``J·v`` and one ``Jᵀ·u`` per
-    step, for symmetric and non-symmetric ``J`` alike. ``method="power"``: power iteration on
+    ``method="lanczos"`` (default): Lanczos with full reorthogonalisation on ``JᵀJ`` scaled to
+    unit size (:func:`_lanczos`), one ``J·v`` and one ``Jᵀ·u`` per step, both in one request
+    behind the process boundary (:meth:`Linearization.normal`), for symmetric and non-symmetric
+    ``J`` alike; step for step the Krylov space of Golub–Kahan bidiagonalisation. ``method="power"``: power iteration on
     ``JᵀJ``. Both stop when every row's ``residual ≤ tol·value`` or after ``iters`` steps
     (Lanczos: at most ``L``). ``method="dense"``: every row's Jacobian formed by column blocks of
     products (:func:`dense_jacobian`) and its largest singular value taken by an SVD (exact up
@@ -316,7 +330,7 @@ def _solve_chunks(products, rows: Tensor, steps: int, tol: float, seed: int, met
     start = torch.randn(rows.shape, generator=gen, dtype=rows.dtype).to(rows.device)
     lanczos = method == "lanczos"
     chunk = max(1, BASIS_ELEMENTS // (steps * rows.shape[-1])) if lanczos else len(rows)
-    solve = _bidiagonalize if lanczos else _power
+    solve = _lanczos if lanczos else _power
     return [
         solve(products(i * chunk, part), v0, steps, tol)
         for i, (part, v0) in enumerate(zip(rows.split(chunk), start.split(chunk)))
@@ -338,6 +352,10 @@ class DenseProducts:
     def vjp(self, u: Tensor) -> Tensor:
         return torch.bmm(self.J.transpose(1, 2), u.unsqueeze(-1)).squeeze(-1)
 
+    def normal(self, v: Tensor) -> tuple[Tensor, Tensor]:
+        jv = self.jvp(v)
+        return jv, self.vjp(_unit(jv)[1])
+
 
 @contextlib.contextmanager
 def intra_op_threads(threads: int | None):
@@ -357,9 +375,18 @@ def _converged(value: Tensor, residual: Tensor, tol: float) -> Tensor:
     return residual <= tol * value
 
 
+def row_norm(w: Tensor) -> Tensor:
+    """``‖w‖₂`` per row (last dimension), scaled by the row's largest ``|entry|`` first: the
+    squares of a row of 1e-170 (or 1e170) neither underflow nor overflow, as in
+    ``torch.linalg.vector_norm``."""
+    top = w.abs().amax(-1, keepdim=True) if w.shape[-1] else w.new_zeros(w.shape[:-1] + (1,))
+    scale = torch.where((top > 0) & torch.isfinite(top), top, torch.ones_like(top))
+    return (torch.linalg.vector_norm(w / scale, dim=-1, keepdim=True) * scale).squeeze(-1)
+
+
 def _unit(w: Tensor, floor: Tensor | float = 0.0) -> tuple[Tensor, Tensor]:
     """``(‖w‖, w/‖w‖)`` per row; a row with ``‖w‖ ≤ floor`` gives ``(0, 0)`` (breakdown)."""
-    norm = torch.linalg.vector_norm(w, dim=-1)
+    norm = row_norm(w)
     keep = norm > floor
     unit = w / torch.where(keep, norm, torch.ones_like(norm)).unsqueeze(-1)
     return torch.where(keep, norm, 0.0), torch.where(keep.unsqueeze(-1), unit, 0.0)
@@ -373,12 +400,15 @@ def _reorthogonalize(w: Tensor, basis: Tensor) -> Tensor:
     return w
 
 
-def _top_triplet(alphas: Tensor, betas: Tensor) -> tuple[Tensor, Tensor]:
-    """Top singular value of the upper bidiagonal ``B_k`` and its residual ``|β_k · x_k|``."""
+def _top_ritz(alphas: Tensor, betas: Tensor) -> tuple[Tensor, Tensor]:
+    """Top eigenvalue ``θ`` of the symmetric tridiagonal ``T_k`` (diagonal ``alphas``,
+    off-diagonal ``betas[:k-1]``) and its residual ``|β_k · y_k|`` (``y`` its unit eigenvector)."""
     k = alphas.shape[-1]
-    B = torch.diag_embed(alphas) + torch.diag_embed(betas[:, : k - 1], offset=1)
-    left, sigma, _ = torch.linalg.svd(B)
-    return sigma[:, 0], (betas[:, k - 1] * left[:, k - 1, 0]).abs()
+    off = betas[:, : k - 1]
+    T = torch.diag_embed(alphas) + torch.diag_embed(off, offset=1) + \
+        torch.diag_embed(off, offset=-1)
+    theta, y = torch.linalg.eigh(T)
+    return theta[:, -1], (betas[:, k - 1] * y[:, k - 1, -1]).abs()
 
 
 def _check_now(k: int) -> bool:
@@ -386,29 +416,52 @@ def _check_now(k: int) -> bool:
     return k % (1 + k // 8) == 0
 
 
-def _bidiagonalize(lin: Linearization, v0: Tensor, steps: int, tol: float):
-    """Golub–Kahan–Lanczos: ``J V_k = U_k B_k``, ``Jᵀ U_k = V_k B_kᵀ + β_k v_{k+1} e_kᵀ``.
+def _lanczos(lin: Linearization, v0: Tensor, steps: int, tol: float):
+    """Lanczos with full reorthogonalisation on ``A = JᵀJ/c²``, one :meth:`Linearization.normal`
+    (one request behind the process boundary) a step.
 
-    A new direction shorter than ``L·eps·(largest coefficient so far)`` is rounding noise: the
-    Krylov space is invariant there, and the row continues with zero vectors (exact ``B_k``).
+    ``c = ‖J·v₁‖`` per row (1 where it is 0) keeps ``A`` near unit scale: ``A·v`` is
+    ``(‖J·v‖/c)·(Jᵀu/c)`` with ``u = J·v/‖J·v‖``, so neither ``JᵀJ·v`` nor ``c²`` is formed and
+    a Jacobian of 1e-170 does not underflow. The Krylov space after ``k`` steps is Golub–Kahan's
+    after ``k`` (``T_k = B_kᵀB_k``): the top Ritz value ``θ`` of ``T_k`` gives ``σ = c√θ``, the
+    top singular value of ``J`` restricted to it (a lower bound on ``‖J‖₂`` up to rounding).
+    ``r = |β_k y_k|`` bounds ``|λ − θ|`` for some eigenvalue ``λ`` of ``A``, so some singular
+    value of ``J`` lies within ``c·min(r/√θ, √r)`` of ``σ`` (the residual; ``c·r/√θ`` is the
+    Golub–Kahan pair's ``‖Jᵀu − σv‖``). A new direction shorter than ``L·eps·(largest
+    coefficient so far)`` is rounding noise: the Krylov space is invariant there, and the row
+    continues with zero vectors (exact ``T_k``).
     """
     R, L = v0.shape
-    U, V = v0.new_empty(R, steps, L), v0.new_empty(R, steps, L)
+    V = v0.new_empty(R, steps, L)
     alphas, betas = v0.new_zeros(R, steps), v0.new_zeros(R, steps)
     noise = L * torch.finfo(v0.dtype).eps
     V[:, 0] = _unit(v0)[1]
-    alphas[:, 0], U[:, 0] = _unit(lin.jvp(V[:, 0]))
+    jv, g = lin.normal(V[:, 0])
+    c = row_norm(jv)
+    c = torch.where(c > 0, c, torch.ones_like(c)).unsqueeze(-1)
+
+    def product(jv: Tensor, g: Tensor) -> Tensor:  # A·v from (J·v, Jᵀu)
+        return (row_norm(jv).unsqueeze(-1) / c) * (g / c)
+
+    w = product(jv, g)
     for k in range(steps):
-        r = _reorthogonalize(lin.vjp(U[:, k]) - alphas[:, k, None] * V[:, k], V[:, : k + 1])
-        scale = torch.maximum(alphas[:, : k + 1].amax(-1), betas[:, : k + 1].amax(-1))
-        betas[:, k], v = _unit(r, noise * scale)
+        alphas[:, k] = (V[:, k] * w).sum(-1)
+        w = w - alphas[:, k, None] * V[:, k]
+        if k:
+            w = w - betas[:, k - 1, None] * V[:, k - 1]
+        w = _reorthogonalize(w, V[:, : k + 1])
+        scale = torch.maximum(alphas[:, : k + 1].abs().amax(-1), betas[:, : k + 1].amax(-1))
+        betas[:, k], v = _unit(w, noise * scale)
         if k + 1 == steps or _check_now(k + 1):
-            sigma, residual = _top_triplet(alphas[:, : k + 1], betas[:, : k + 1])
+            theta, r = _top_ritz(alphas[:, : k + 1], betas[:, : k + 1])
+            theta = theta.clamp_min(0)
+            root = theta.sqrt()
+            near = torch.where(root > 0, r / torch.where(root > 0, root, 1.0), torch.inf)
+            sigma, residual = c[:, 0] * root, c[:, 0] * torch.minimum(near, r.sqrt())
             if k + 1 == steps or bool(_converged(sigma, residual, tol).all()):
                 return sigma, residual, k + 1, lin.mode
         V[:, k + 1] = v
-        p = _reorthogonalize(lin.jvp(v) - betas[:, k, None] * U[:, k], U[:, : k + 1])
-        alphas[:, k + 1], U[:, k + 1] = _unit(p, noise * torch.maximum(scale, betas[:, k]))
+        w = product(*lin.normal(v))
     raise AssertionError("unreachable")
 
 

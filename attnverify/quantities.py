@@ -117,7 +117,7 @@ class Case:
 
 #: Rows of at most this many unmasked keys get their spectral norm from the dense Jacobian: one
 #: batch of L products (one request behind the process boundary) and an SVD of at most 128²,
-#: exact up to rounding, where Lanczos makes two products (two requests) a step, tens of steps
+#: exact up to rounding, where Lanczos makes one request (two products) a step, tens of steps
 #: on such rows.
 DENSE_KEYS = 128
 
@@ -157,17 +157,23 @@ class _FreeMap:
 
     def _products(self, z: Tensor):
         spec = self.case.spec
-        jvp, vjp = spec.fn.products(dim=-1, **{**spec.params, **self.case.overrides})
+        jvp, vjp, normal = spec.fn.products(dim=-1, **{**spec.params, **self.case.overrides})
         full = self._full(z)
         if self.idx is None:
-            return (lambda v: jvp(full, v)), (lambda u: vjp(full, u))
+            return (lambda v: jvp(full, v)), (lambda u: vjp(full, u)), (lambda v: normal(full, v))
         idx = self.idx
 
         def embed(t: Tensor) -> Tensor:
             return torch.zeros_like(full).index_copy(-1, idx, t)
 
+        keep = embed(torch.ones_like(z))
+
+        def free_normal(v: Tensor) -> tuple[Tensor, Tensor]:
+            jv, g = normal(full, embed(v), keep)
+            return jv.index_select(-1, idx), g.index_select(-1, idx)
+
         return ((lambda v: jvp(full, embed(v)).index_select(-1, idx)),
-                (lambda u: vjp(full, embed(u)).index_select(-1, idx)))
+                (lambda u: vjp(full, embed(u)).index_select(-1, idx)), free_normal)
 
 
 @dataclass(frozen=True)

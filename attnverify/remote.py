@@ -371,6 +371,7 @@ _REPLY_KEYS = {
     "vjp": {"id", "ok", "differentiable", "side_effects", "warnings"},
     "vjp2": {"id", "ok", "side_effects", "warnings"},
     "jvp": {"id", "ok", "side_effects", "warnings"},
+    "normal": {"id", "ok", "side_effects", "warnings"},
 }
 _ERROR_KEYS = {"id", "ok", "kind", "type", "message", "side_effects", "index",
                "traceback"}
@@ -1009,6 +1010,20 @@ class _Site:
             [*tensors, *used], [self.expect(tensors)])
         return out
 
+    def normal(self, tensors, wrt: int, tangent, keep=None):
+        """``(J·v, Jᵀu)`` in one request (the worker's ``normal``): ``u`` the unit direction of
+        ``J·v`` per row (zero where it is), over the outputs ``keep`` marks (a 0/1 tensor of
+        the output's shape) where given."""
+        n = len(tensors)
+        extra = [tangent.to(tensors[wrt].dtype)] + ([] if keep is None else [keep])
+        out = self.expect(tensors)
+        _, (jv, g) = self.channel.request(
+            self._message("normal", wrt=[wrt], tangents=[n], keep=None if keep is None else n + 1,
+                          expect_forward=self._forward_expect(tensors)),
+            [*tensors, *extra],
+            [out, (tuple(tensors[wrt].shape), tensors[wrt].dtype, str(tensors[wrt].device))])
+        return jv, g
+
 
 class _Call(torch.autograd.Function):
     """A remote call as an autograd node: backward, forward mode and double backward are
@@ -1199,10 +1214,12 @@ class RemoteFunction:
                       expect)
 
     def products(self, dim=-1, **params):
-        """``(jvp(z, v), vjp(z, u))`` of the function at rows ``z`` (no graph kept): one request
-        each, where ``torch.func`` through the proxy makes two for ``J·v`` (the forward, then
-        the product). For searches that need many products of one small input
-        (:class:`attnverify.jacobian.Linearization`)."""
+        """``(jvp(z, v), vjp(z, u), normal(z, v, keep=None))`` of the function at rows ``z`` (no
+        graph kept): one request each, where ``torch.func`` through the proxy makes two for
+        ``J·v`` (the forward, then the product). ``normal`` gives ``(J·v, Jᵀu)``, ``u`` the unit
+        direction of ``J·v`` per row (over the outputs the 0/1 tensor ``keep`` marks, where
+        given): a step of Lanczos on ``JᵀJ`` in one request. For searches that need many
+        products of one small input (:class:`attnverify.jacobian.Linearization`)."""
         kwargs = {"dim": dim, **self._overrides(params)}
         expect = _same_as_first if self.same_dtype else _any_float_like_first
 
@@ -1215,7 +1232,10 @@ class RemoteFunction:
         def vjp(z, u):
             return site(z).vjp([z.detach()], u.detach(), (0,), create_graph=False)[0][0]
 
-        return jvp, vjp
+        def normal(z, v, keep=None):
+            return site(z).normal([z.detach()], 0, v.detach(), keep)
+
+        return jvp, vjp, normal
 
     def many(self, inputs: list, dim=-1, *, reuse: dict | None = None,
              per_call: list[dict] | None = None, **params) -> list:

@@ -657,6 +657,8 @@ class Server:
                 outputs = self._vjp2(fn, args, kwargs, tensors, message, effects)
             elif op == "jvp":
                 outputs = self._jvp(fn, args, kwargs, tensors, message, effects)
+            elif op == "normal":
+                outputs = self._normal(fn, args, kwargs, tensors, message, effects)
             else:
                 raise wire.ProtocolError(f"unknown request {op!r}")
         except (Raised, Border) as exc:
@@ -842,6 +844,35 @@ class Server:
             return tangent
 
         return self.accept([self._guarded(effects, False, run)], message, tensors)
+
+    def _normal(self, fn, args, kwargs, tensors, message, effects):
+        """``J·v`` and ``Jᵀu`` in one request, ``u`` the unit direction of ``J·v`` per row (last
+        dimension; zero where ``J·v`` is), over the outputs ``keep`` marks (a 0/1 tensor of the
+        output's shape: zero elsewhere) where the message names one: the forward-mode product
+        of :meth:`_jvp`, then the reverse-mode product with ``u`` as the cotangent. Two passes
+        of the target, as the two requests they replace; ``u`` is a unit vector so that
+        ``JᵀJv`` of a tiny Jacobian does not underflow."""
+        import torch  # worker: torch loads in the zygote, after this
+
+        expect = message.get("expect")
+        if not isinstance(expect, list) or len(expect) != 2:
+            raise wire.ProtocolError("a normal request without two expectations")
+        (jv,) = self._jvp(fn, args, kwargs, tensors, {**message, "expect": expect[:1]}, effects)
+        cotangent = jv
+        if message.get("keep") is not None:
+            keep = tensors[_index(message["keep"], len(tensors))]
+            if keep.shape != jv.shape:
+                raise wire.ProtocolError("a normal request whose keep is not the output's shape")
+            cotangent = jv * keep.to(jv.dtype)
+        # the norm scaled by the largest |entry| (attnverify.jacobian.row_norm): no underflow
+        top = cotangent.abs().amax(-1, keepdim=True)
+        top = torch.where((top > 0) & torch.isfinite(top), top, torch.ones_like(top))
+        norm = torch.linalg.vector_norm(cotangent / top, dim=-1, keepdim=True) * top
+        live = norm > 0
+        u = torch.where(live, cotangent / torch.where(live, norm, torch.ones_like(norm)), 0.0)
+        out, wrt = self._graph(fn, args, kwargs, tensors, message, effects)
+        grads = self._guarded(effects, False, lambda: _grad(out, wrt, u, False))
+        return [jv, *self.accept(list(grads), {"expect": expect[1:]}, tensors)]
 
     # ---- the border --------------------------------------------------------------------------
 

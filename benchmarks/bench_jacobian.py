@@ -2,8 +2,8 @@
 
 Run: ``python benchmarks/bench_jacobian.py [--max-length 65536] [--dense-max 2048]``.
 
-For L = 1k, 2k, …, 64k it times :func:`attnverify.jacobian.spectral_norm` (Golub–Kahan–Lanczos
-on JVP / VJP products; best of ``--repeats`` after one warm-up call), once with its default of
+For L = 1k, 2k, …, 64k it times :func:`attnverify.jacobian.spectral_norm` (Lanczos on
+JᵀJ by JVP / VJP products; best of ``--repeats`` after one warm-up call), once with its default of
 one intra-op thread and once with ``threads=None`` (torch's setting; on a shared, loaded machine
 the thread barriers cost far more than the ops, memory-bound vectors of L doubles, save), and,
 up to ``--dense-max``, the dense route: ``torch.autograd.functional.jacobian`` (vectorised),

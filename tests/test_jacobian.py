@@ -406,6 +406,70 @@ def test_dense_lanczos_equals_the_svd_on_a_hand_built_matrix():
     close(result.value, torch.linalg.matrix_norm(A, 2), "against the SVD")
 
 
+def test_lanczos_on_a_hand_computed_jacobian_and_far_below_unit_scale():
+    """softmax of two equal logits: J = [[1/4, -1/4], [-1/4, 1/4]], ‖J‖₂ = 1/2 exactly, for any
+    temperature's 1/T; scaled by 1e-170 the norm is 5e-171: Lanczos on JᵀJ forms neither JᵀJv
+    (1e-340 underflows to zero in float64) nor its scale squared."""
+    for scale in (1.0, 1e-170, 1e150):
+        f = lambda z, s=scale: s * torch.softmax(z, -1)  # noqa: E731
+        result = jacobian.spectral_norm(f, torch.zeros(1, 2, dtype=F64), method="lanczos")
+        assert bool(result.converged.all())
+        assert abs(float(result.value[0]) / (0.5 * scale) - 1) < 1e-12, scale
+    # a 300-key row with a known top singular value 2.5 and a close second 2.4999, times 1e-170
+    length = 300
+    g = gen(12)
+    U = torch.linalg.qr(torch.randn(length, length, generator=g, dtype=F64)).Q
+    V = torch.linalg.qr(torch.randn(length, length, generator=g, dtype=F64)).Q
+    s = torch.linspace(0.0, 1.0, length, dtype=F64)
+    s[-1], s[-2] = 2.5, 2.4999
+    A = U @ torch.diag(s) @ V.T
+    for scale in (1.0, 1e-170):
+        result = jacobian.spectral_norm(lambda z, c=scale: c * (z @ A.T),
+                                        torch.zeros(1, length, dtype=F64), method="lanczos")
+        assert bool(result.converged.all())
+        assert abs(float(result.value[0]) / (2.5 * scale) - 1) < 1e-9, scale
+        gap = (s * scale - result.value[0]).abs().amin()
+        assert float(gap) <= float(result.residual[0]) * (1 + 1e-9), scale  # it brackets one
+
+
+def test_a_proxy_lanczos_step_is_one_request_and_its_products_are_torch_funcs():
+    """Behind the process boundary a Lanczos step is one request (``normal``: J·v and Jᵀu, u the
+    unit direction of J·v over the kept outputs), where separate products made two; on a
+    masked row the masked keys' outputs are left out of u."""
+    from attnverify import remote
+    from attnverify.normalizers import BUILTINS
+    from attnverify.quantities import Case
+    from attnverify.runconfig import make_context
+
+    spec = remote.open_normalizer("entmax15", {}, make_context("dev"))
+    here = BUILTINS["entmax15"]
+    try:
+        calls = _counting(spec)
+        g = gen(7)
+        for row in (torch.randn(300, generator=g, dtype=F64),
+                    torch.cat([torch.randn(290, generator=g, dtype=F64),
+                               torch.full((10,), -math.inf, dtype=F64)])):
+            f, z = Case(spec, row, 0.7).free_map
+            f_here, _ = Case(here, row, 0.7).free_map
+            lin = jacobian.linearize(f, z.unsqueeze(0))
+            v = torch.randn(1, z.shape[-1], generator=g, dtype=F64)
+            before = calls()
+            jv, jtu = lin.normal(v)
+            assert calls() - before == 1 and lin.mode == "direct"
+            want_jv = torch.func.jvp(f_here, (z.unsqueeze(0),), (v,))[1]
+            u = want_jv / torch.linalg.vector_norm(want_jv)
+            close(jv, want_jv, "J·v")
+            close(jtu, torch.func.vjp(f_here, z.unsqueeze(0))[1](u)[0], "Jᵀu")
+            before = calls()
+            result = jacobian.spectral_norm(f, z, method="lanczos")
+            assert calls() - before == result.steps
+            J = reference_jacobians(f_here, z)
+            close(result.value, torch.linalg.matrix_norm(J, 2), "Lanczos through the proxy")
+    finally:
+        remote.channel_of(spec).close()
+        remote.shutdown()
+
+
 def _counting(spec):
     monitor = spec.fn.channel.monitor
     return lambda: monitor.calls
