@@ -8,7 +8,7 @@ one intra-op thread and once with ``threads=None`` (torch's setting; on a shared
 the thread barriers cost far more than the ops, memory-bound vectors of L doubles, save), and,
 up to ``--dense-max``, the dense route: ``torch.autograd.functional.jacobian`` (vectorised),
 and up to ``--svd-max`` ``torch.linalg.matrix_norm(J, 2)`` on it (one run each). ``ms/step``
-is the one-thread time per Lanczos step (one JVP, one VJP, two reorthogonalisations), which
+is the one-thread time per Lanczos step (one JVP, one VJP, one reorthogonalisation), which
 removes the spectrum-dependent step count; ``residual`` is the Lanczos certificate relative
 to the value. Inputs are made before the clock starts; each row is a
 seeded Gaussian logit row in float64. The matrix-free time should grow about linearly in L,
