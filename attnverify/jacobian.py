@@ -263,18 +263,18 @@ def spectral_norm(
     ``method="lanczos"`` (default): Lanczos with full reorthogonalisation on ``JᵀJ`` scaled to
     unit size (:func:`_lanczos`), one ``J·v`` and one ``Jᵀ·u`` per step, both in one request
     behind the process boundary (:meth:`Linearization.normal`), for symmetric and non-symmetric
-    ``J`` alike; step for step the Krylov space of Golub–Kahan bidiagonalisation. ``method="power"``: power iteration on
-    ``JᵀJ``. Both stop when every row's ``residual ≤ tol·value`` or after ``iters`` steps
-    (Lanczos: at most ``L``). ``method="dense"``: every row's Jacobian formed by column blocks of
-    products (:func:`dense_jacobian`) and its largest singular value taken by an SVD (exact up
-    to rounding; residual 0): few products in few batches, which is what a map behind the
-    process boundary needs. ``method="dense_lanczos"``: the dense Jacobian formed the same way,
-    then Lanczos on it with its products formed in this process (:class:`DenseProducts`): the
-    same value, residual and stopping rule as ``"lanczos"`` (``mode`` ``"dense"``), without an
-    SVD's ``L³`` or a request per step, for rows whose ``L²`` entries are cheap to form.
-    ``method="auto"``: dense up to :data:`DENSE_AUTO` entries, else Lanczos. ``tol`` defaults
-    to the dtype's ``rtol``; the start vectors are Gaussian from a generator seeded with
-    ``seed``.
+    ``J`` alike; step for step the Krylov space of Golub–Kahan bidiagonalisation.
+    ``method="power"``: power iteration on ``JᵀJ``. Both stop when every row's ``residual ≤
+    tol·value`` or after ``iters`` steps (Lanczos: at most ``L``). ``method="dense"``: every
+    row's Jacobian formed by column blocks of products (:func:`dense_jacobian`) and its largest
+    singular value taken by an SVD (exact up to rounding; residual 0): few products in few
+    batches, which is what a map behind the process boundary needs. ``method="dense_lanczos"``:
+    the dense Jacobian formed the same way, then Lanczos on it with its products formed in this
+    process (:class:`DenseProducts`): the same value, residual and stopping rule as
+    ``"lanczos"`` (``mode`` ``"dense"``), without an SVD's ``L³`` or a request per step, for
+    rows whose ``L²`` entries are cheap to form. ``method="auto"``: dense up to
+    :data:`DENSE_AUTO` entries, else Lanczos. ``tol`` defaults to the dtype's ``rtol``; the
+    start vectors are Gaussian from a generator seeded with ``seed``.
 
     ``threads`` is torch's intra-op thread count during the iteration (and the dense method's
     SVD), restored afterwards (``None`` keeps the current setting). One thread is the default:
