@@ -339,6 +339,7 @@ def _start(args, ctx, params, database_text, temporary, index, scratch) -> _Work
     job = {"target": args.target, "inequality": args.inequality, "params": params,
            "profile": ctx.profile, "max_examples": args.max_examples, "seed": seed,
            "timeout": args.timeout, "no_isolation": bool(args.no_isolation),
+           "traceback": bool(getattr(args, "traceback", False)),
            "budget": args.budget, "max_length": args.max_length, "database": database_text,
            "temporary": temporary, "worker": index, "parent": os.getpid(),
            "result": str(scratch / f"worker-{index}.json")}
@@ -459,7 +460,7 @@ def _merge(workers: list[_Worker], ctx) -> tuple[dict, str, int]:
         chosen = min(usable, key=rank) if usable else None
     if found_by is None and errors:
         # as a single search: the code under test stopped a search (exit 1), reported as such
-        return {}, "\n".join(f"error: {e}" for e in errors), 1
+        return {}, "\n".join(e if e.startswith("error: ") else f"error: {e}" for e in errors), 1
     if chosen is None:
         return {}, "error: no worker finished its search", 1
     runs.sort(key=lambda r: r["worker"])

@@ -281,6 +281,9 @@ def _falsify_args(p: argparse.ArgumentParser) -> None:
                    "database (a temporary one without --database); the first shrunk witness stops "
                    "them all (default 1)")
     p.add_argument("--json", dest="json_path", default=None, help="write the result as JSON")
+    p.add_argument("--traceback", action="store_true",
+                   help="where the target raised and stopped the search, print its traceback "
+                   "(its own frames)")
 
 
 def _workers(text: str) -> int:

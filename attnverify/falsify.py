@@ -75,6 +75,7 @@ from attnverify.report import check_writable, write_json
 from attnverify.runconfig import PROFILES, falsify_budget
 from attnverify.serialize import number, repro_command
 from attnverify.tolerances import tol_for
+from attnverify.worker import user_traceback
 
 __all__ = ["ENTRYWISE", "JACOBIAN_MAX_L", "KINDS", "Evaluation", "FalsifyCase", "FalsifyResult",
            "SearchReport", "evaluate", "falsify", "make_search", "repro", "rerun", "result_json",
@@ -580,17 +581,19 @@ def _search_lines(report: SearchReport) -> list[str]:
 
 
 def run_search(target: str, params: dict[str, Any], text: str, ctx, shared=None, *,
-               isolated=None) -> FalsifyResult | str:
-    """One search of ``text`` on ``target``: its result, or the one-line report of a search that
-    the code under test stopped. ``isolated(target, params, text, ctx)`` runs it with the target
-    in a worker process (:func:`attnverify.isolation.falsify_isolated`); None loads the target
-    here. ``shared`` (:class:`attnverify.campaign.Shared`): the database it replays and fills."""
+               isolated=None, tracebacks: bool = False) -> FalsifyResult | str:
+    """One search of ``text`` on ``target``: its result, or the report of a search that the code
+    under test stopped (``tracebacks``: with the target's own traceback where it raised).
+    ``isolated(target, params, text, ctx)`` runs it with the target in a worker process
+    (:func:`attnverify.isolation.falsify_isolated`: a result or an
+    :class:`~attnverify.isolation.Stopped`); None loads the target here. ``shared``
+    (:class:`attnverify.campaign.Shared`): the database it replays and fills."""
 
     with sharing(shared):
         if isolated is not None:  # loaded in a worker process (in this one: --no-isolation)
             res = isolated(target, params, text, ctx)
             if isinstance(res, tuple):
-                return _stopped(*res)
+                return _stopped(res.message, res.case, res.traceback, tracebacks)
         else:
             spec = load_target(target, params)
             try:
@@ -598,7 +601,9 @@ def run_search(target: str, params: dict[str, Any], text: str, ctx, shared=None,
             except UsageError:
                 raise
             except Exception as exc:  # noqa: BLE001 - most likely the normalizer raising
-                return f"error: the search stopped on {type(exc).__name__}: {exc}".splitlines()[0]
+                line = f"error: the search stopped on {type(exc).__name__}: {exc}"
+                return _with_traceback(line.splitlines()[0],
+                                       user_traceback(exc.__cause__ or exc), tracebacks)
     res.params = params
     return res
 
@@ -631,7 +636,8 @@ def run_falsify_command(args, isolated=None) -> int:
         return code
     shared = None if database is None else campaign.Shared(database)
     try:
-        res = run_search(args.target, params, args.inequality, ctx, shared, isolated=isolated)
+        res = run_search(args.target, params, args.inequality, ctx, shared, isolated=isolated,
+                         tracebacks=bool(getattr(args, "traceback", False)))
     finally:
         if database is not None:
             database.close()
@@ -644,12 +650,26 @@ def run_falsify_command(args, isolated=None) -> int:
     return 1 if res.falsified else 0
 
 
-def _stopped(message: str, case: dict | None) -> str:
-    """The report of a search that the code under test stopped (exit 1)."""
-    line = f"error: the search stopped: {message}"
+def _stopped(message: str, case: dict | None, traceback: list[str] | None = None,
+             tracebacks: bool = False) -> str:
+    """The report of a search that the code under test stopped (exit 1): why, the input in
+    flight, and the target's own traceback where it raised (``tracebacks``; else a pointer to
+    ``--traceback``)."""
+    line = _with_traceback(f"error: the search stopped: {message}", traceback, tracebacks)
     if case:
         scores = ", ".join(f"{v:.6g}" for v in case["scores"][:16])
         more = " …" if len(case["scores"]) > 16 else ""
         t = "" if case["temperature"] is None else f", T={case['temperature']:g}"
         line += f"\n  input: L={case['L']}{t}, kind {case['kind']}, scores=[{scores}{more}]"
     return line
+
+
+def _with_traceback(line: str, traceback: list[str] | None, tracebacks: bool) -> str:
+    """``line`` with the target's own traceback below it (``tracebacks``), or with a pointer to
+    ``--traceback`` where there is one to show; as certify prints one."""
+    if not traceback:
+        return line
+    if not tracebacks:
+        return line + " (--traceback shows where in its code)"
+    return "\n".join([line, "  traceback (the target's own frames, most recent call last):",
+                      *(f"    {entry}" for entry in traceback)])

@@ -75,7 +75,7 @@ def worker_main(job: dict) -> int:
                         temporary=job["temporary"])
         try:
             res = run_search(job["target"], job["params"], job["inequality"], ctx, shared,
-                             isolated=falsify_isolated)
+                             isolated=falsify_isolated, tracebacks=bool(job.get("traceback")))
         finally:
             shared.database.close()
         if isinstance(res, str):

@@ -23,6 +23,7 @@ proxies, border checks and state checks, but no protection and no time limit (de
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
 from attnverify import heartbeat, remote
 from attnverify.certify import PropertyResult, TargetResult, certify_target, plan
@@ -113,15 +114,25 @@ def certify_all(targets: list[str], params: dict, claims, ctx, *, progress=None,
         remote.shutdown()
 
 
+class Stopped(NamedTuple):
+    """A search the code under test stopped: why (one line), the case in flight (or None) and,
+    where the target raised, its own traceback (``[]`` where none came back)."""
+
+    message: str
+    case: dict[str, Any] | None
+    traceback: list[str]
+
+
 def falsify_isolated(target: str, params: dict, text: str, ctx):
-    """``falsify`` on ``target`` behind the boundary: its result, or ``(message, case or None)``
-    when the code under test stopped the search (it died, hung or raised while loading)."""
+    """``falsify`` on ``target`` behind the boundary: its result, or :class:`Stopped` when the
+    code under test stopped the search (it died, hung or raised, loading or in a call)."""
     from attnverify.falsify import falsify  # heavy: the search (mpmath), only falsify
 
     try:
         spec = remote.open_normalizer(target, params, ctx)
     except (WorkerFailed, remote.TargetRaised) as exc:
-        return _load_failure(target, exc).message, None
+        failure = _load_failure(target, exc)
+        return Stopped(failure.message, None, list(failure.traceback or []))
     try:
         res = falsify(spec, text, ctx, label=target, params=dict(params))
         monitor = monitor_of(spec)
@@ -138,10 +149,20 @@ def falsify_isolated(target: str, params: dict, text: str, ctx):
         else:
             name = getattr(exc, "remote_type", None) or type(exc).__name__
             message = f"the normalizer raised {name}: {exc}".splitlines()[0]
-        return message, _case_in_flight()
+        return Stopped(message, _case_in_flight(), _raised_traceback(exc))
     finally:
         close(spec)
         remote.shutdown()
+
+
+def _raised_traceback(exc: BaseException) -> list[str]:
+    """The target's own traceback carried by ``exc`` (a :class:`remote.TargetRaised`, or the
+    error a check wrapped one in), ``[]`` where there is none."""
+    for e in (exc, getattr(exc, "cause", None), exc.__cause__, exc.__context__):
+        lines = getattr(e, "traceback", None)
+        if isinstance(lines, list) and lines:
+            return list(lines)
+    return []
 
 
 def _case_in_flight():

@@ -134,7 +134,7 @@ def _batched_and_one_at_a_time(tmp_path, monkeypatch, source: str):
 def test_a_request_that_fails_is_done_again_a_case_at_a_time(tmp_path, monkeypatch):
     """The target raises on one case of a request: the search stops on that very case, as it
     does with one request per case."""
-    message, case = _batched_and_one_at_a_time(tmp_path, monkeypatch, RAISES_ON_LONG_ROWS)
+    message, case, _ = _batched_and_one_at_a_time(tmp_path, monkeypatch, RAISES_ON_LONG_ROWS)
     assert "ValueError" in message and "no row of" in message
     assert case is not None and case["L"] > 200
 
@@ -196,6 +196,6 @@ def test_a_worker_that_dies_in_a_request_is_reported_on_its_own_case(tmp_path, m
     """The worker dies on one case of a request of several: the request is done again a case
     at a time in a fresh worker, and the search stops on that case, as with one request per
     case."""
-    message, case = _batched_and_one_at_a_time(tmp_path, monkeypatch, DIES_ON_LONG_ROWS)
+    message, case, _ = _batched_and_one_at_a_time(tmp_path, monkeypatch, DIES_ON_LONG_ROWS)
     assert "status 3" in message or "exit" in message, message
     assert case is not None and case["L"] > 200

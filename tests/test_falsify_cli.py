@@ -95,3 +95,42 @@ def test_the_contract_states_the_budgets_strata_and_functions_the_code_has():
     assert f"the constants `{'` and `'.join(expr.CONSTANTS)}`" in text
     bands = [s.name.removeprefix("L=").replace("-", "–") for s in strata(4096) if not s.masked]
     assert f"(L = {', '.join(bands[:7])}, …" in text
+
+
+RAISES_ON_FOUR_KEYS = '''import torch
+
+
+def helper(scores):
+    if scores.shape[-1] >= 4:
+        raise ValueError("no rows of four keys here")
+    return torch.softmax(scores, -1)
+
+
+def norm(scores, dim=-1):
+    return helper(scores)
+'''
+
+
+@pytest.mark.parametrize("isolation", [[], ["--no-isolation"]])
+def test_a_target_that_raises_stops_the_search_and_traceback_shows_where(capsys, tmp_path,
+                                                                          isolation):
+    """A target that raises stops the search (exit 1) on the input in flight; the report points
+    to --traceback, and --traceback prints the target's own frames (its file, its line, the
+    error), none of attnverify's; behind the process boundary and in this process alike."""
+    path = tmp_path / "raising.py"
+    path.write_text(RAISES_ON_FOUR_KEYS)
+    argv = ["falsify", f"{path}:norm", "max_weight <= 1", "--profile", "dev", "--seed", "0",
+            *isolation]
+    code, out, _ = run(capsys, *argv)
+    assert code == 1 and out.startswith("error: the search stopped"), out
+    assert "no rows of four keys here" in out
+    assert "(--traceback shows where in its code)" in out and "raising.py" not in out
+    code, out, _ = run(capsys, *argv, "--traceback")
+    assert code == 1 and "(--traceback shows" not in out, out
+    lines = out.splitlines()
+    at = lines.index("  traceback (the target's own frames, most recent call last):")
+    shown = "\n".join(lines[at + 1:])
+    assert "raising.py" in shown and "in helper" in shown and "in norm" in shown
+    assert 'raise ValueError("no rows of four keys here")' in shown
+    assert "ValueError: no rows of four keys here" in shown
+    assert "attnverify" not in shown.replace(str(tmp_path), "")
