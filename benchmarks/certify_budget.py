@@ -18,7 +18,8 @@ and seven falsify bounds of the corpus (ci; true ones searched to the end of the
 ones, with and without a Jacobian). For each it prints the median and best wall time, the CPU
 time of the whole process
 tree (``getrusage(RUSAGE_CHILDREN)``: checker, zygote and workers; a process its parent never waits
-for, as a multiprocessing forkserver's children, is not counted), its peak memory (proportional set
+for, as a multiprocessing forkserver, is adopted by this process as their subreaper and waited
+for here, so it is counted too), its peak memory (proportional set
 size of checker, zygote and workers together, sampled every 0.2 s with psutil; without psutil, the
 largest single process's resident size) and the ratios of the medians::
 
@@ -117,12 +118,49 @@ def _pss(p) -> int:
     return getattr(info, "pss", info.rss)
 
 
+def _adopt_orphans() -> bool:
+    """Make this process the subreaper of its descendants (Linux ``prctl``): a process whose
+    parent exits without waiting for it (a ``multiprocessing`` forkserver, which 7e72048's
+    workers ran under) is re-parented here instead of to init, so :func:`_reap_orphans` waits
+    for it and its CPU time (its own reaped children's included) reaches
+    ``getrusage(RUSAGE_CHILDREN)``. False where that is not available."""
+    try:
+        import ctypes  # optional: no ctypes, no prctl (the CPU of orphans is then not counted)
+
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def _reap_orphans(wait_s: float = 15.0) -> None:
+    """Wait for every remaining child (orphans adopted by :func:`_adopt_orphans`: they exit once
+    they find their parent gone), killing what is left after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid:
+            continue
+        if time.monotonic() > deadline:
+            for child in Path("/proc").glob("[0-9]*"):
+                try:
+                    if int((child / "stat").read_text().rsplit(")", 1)[1].split()[1]) == \
+                            os.getpid():
+                        os.kill(int(child.name), 9)
+                except (OSError, ValueError, IndexError):
+                    pass
+            deadline = time.monotonic() + 5
+        time.sleep(0.05)
+
+
 def _measure(argv: list[str], tree: str, cwd: str) -> tuple[float, float, float, int]:
     """``(wall seconds, CPU seconds, peak MiB, exit code)`` of ``python -m attnverify argv`` run
-    from ``tree``. The CPU seconds are those of the whole process tree (every descendant is
-    reaped by its parent, so its time is in ``getrusage(RUSAGE_CHILDREN)``); the memory is the
-    peak of the tree's proportional set size (a forked worker's pages shared with its zygote
-    counted once), sampled with psutil."""
+    from ``tree``. The CPU seconds are those of the whole process tree: every descendant is
+    reaped by its parent, or adopted and reaped here (:func:`_adopt_orphans`), so its time is in
+    ``getrusage(RUSAGE_CHILDREN)``; the memory is the peak of the tree's proportional set size
+    (a forked worker's pages shared with its zygote counted once), sampled with psutil."""
     env = dict(os.environ, PYTHONPATH=tree)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
@@ -149,6 +187,7 @@ def _measure(argv: list[str], tree: str, cwd: str) -> tuple[float, float, float,
             time.sleep(0.2)
     code = proc.wait()
     wall = time.perf_counter() - start
+    _reap_orphans()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if psutil is None:
@@ -157,6 +196,7 @@ def _measure(argv: list[str], tree: str, cwd: str) -> tuple[float, float, float,
 
 
 def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None) -> int:
+    _adopt_orphans()
     here = str(Path(__file__).resolve().parents[1])
     base = str(Path(base).resolve())
     rows: dict[tuple[str, str], list] = defaultdict(list)
