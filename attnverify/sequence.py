@@ -123,15 +123,31 @@ def history(spec, case) -> list[Step]:
     return out
 
 
+def searched(prop, spec, exc) -> bool:
+    """Whether :func:`find` searches for ``prop``'s failure ``exc`` on ``spec`` (a violation, a
+    raise or a refusal, on a restartable worker), so it will start a fresh worker."""
+    if isinstance(exc, Deferred) or not (exc is None or isinstance(exc, (Violation,
+                                                                         NormalizerError))):
+        return False
+    return applies(spec) and property_of(prop.id) is not None
+
+
+def prepare(prop, spec, exc) -> None:
+    """A fresh worker made ready ahead, on another thread, for the search of a failure just
+    found (:meth:`attnverify.remote.Channel.prepare`), so that :func:`find`'s first restart,
+    after the failure is shrunk, does not wait for the target's load."""
+    if searched(prop, spec, exc):
+        ready = getattr(monitor_of(spec), "prepare", None)
+        if callable(ready):
+            ready()
+
+
 def find(prop, spec, ctx, case, exc) -> Found | None:
     """The fewest earlier examples ``case`` needs to fail ``prop`` again the way it failed
     (``exc``; ``None``: an output refused at the border), each replay in a fresh worker;
     ``None`` where the search does not apply (no restartable worker, a failure decided over a
     unit)."""
-    if isinstance(exc, Deferred) or not (exc is None or isinstance(exc, (Violation,
-                                                                         NormalizerError))):
-        return None
-    if not applies(spec) or property_of(prop.id) is None:
+    if not searched(prop, spec, exc):
         return None
     earlier = history(spec, case)
     search = _Search(prop, spec, ctx, case, exc)
