@@ -462,6 +462,9 @@ class Channel:
         self.condemned: str | None = None
         #: A fresh worker made ready ahead of the next start (:meth:`prepare`), or ``None``.
         self.spare: _Spare | None = None
+        #: Workers a restart killed whose exit the zygote has not been asked to wait for yet
+        #: (by the next spare's thread, else when the channel closes).
+        self.unreaped: list[int] = []
         self.monitor.prepare = self.prepare
 
     # ---- lifetime -----------------------------------------------------------------------------
@@ -475,31 +478,26 @@ class Channel:
         """A fresh worker (the target loaded again), with nothing of the calls before: the
         replay of a call sequence starts here (:mod:`attnverify.sequence`). In-process
         (``--no-isolation``) a fresh server loads the target again; a module already imported
-        keeps its state there. Behind the boundary the fresh worker is the one made ready ahead
-        (:meth:`prepare`) when there is one, and the next is made ready at once (the old worker
-        reaped on that thread): a search that restarts again, or the next failure, finds it
-        loaded."""
+        keeps its state there. Behind the boundary the old worker is killed at once (the zygote
+        waits for its exit later, off the checker's path) and the fresh one is the one made
+        ready ahead (:meth:`prepare`) when there is one."""
         old = self._close_worker(reap=False)
-        try:
-            self._start()
-        except BaseException:
-            if old:
-                zygote().reap(old)
-            raise
-        self.prepare(reap=(old,) if old else ())
+        if old:
+            self.unreaped.append(old)
+        self._start()
 
-    def prepare(self, reap: tuple[int, ...] = ()) -> None:
+    def prepare(self) -> None:
         """Make a fresh worker ready for the next start (:meth:`restart`, or a start after a
         worker failed), on a thread while the checker goes on: forked, the target's load
-        request sent (:class:`_Spare`). Called where a fresh worker will soon be needed (a
-        failure found: :func:`attnverify.sequence.prepare`); a no-op in-process, for a target
-        failed in full, or when one is ready already. It is a worker like any other: it is given
-        nothing but the load before it is taken, and it is recorded among the target's workers
-        only then."""
+        request sent (:class:`_Spare`); the workers restarts killed are reaped on that thread
+        first. Called where a fresh worker will soon be needed (a failure found, before it is
+        shrunk: :func:`attnverify.sequence.prepare`); a no-op in-process, for a target failed in
+        full, or when one is ready already. It is a worker like any other: it is given nothing
+        but the load before it is taken, and it is recorded among the target's workers only
+        then."""
         if not self.isolated or self.condemned is not None or self.spare is not None:
-            for pid in reap:
-                zygote().reap(pid)
             return
+        reap, self.unreaped = tuple(self.unreaped), []
         self.spare = _Spare(self.load_message, self.device == "cpu", reap)
 
     def _start(self) -> None:
@@ -544,16 +542,20 @@ class Channel:
             self._fail("described the target differently when it was loaded again")
 
     def close(self) -> None:
-        """Stop the worker, and the one made ready ahead (:meth:`prepare`) if any."""
+        """Stop the worker, and the one made ready ahead (:meth:`prepare`) if any; wait until
+        every worker a restart killed has exited."""
         self._close_worker()
         spare, self.spare = self.spare, None
         if spare is not None:
             spare.discard()
+        unreaped, self.unreaped = self.unreaped, []
+        for pid in unreaped:
+            zygote().reap(pid)
 
     def _close_worker(self, reap: bool = True) -> int:
         """Stop the current worker: its late writes read back, then killed at once; ``reap``:
-        wait until the zygote has reaped it (else the caller hands its pid, returned, to the
-        next :meth:`prepare`). ``0`` when there was no worker process."""
+        wait until the zygote has reaped it (else the caller keeps its pid, returned, in
+        :attr:`unreaped`). ``0`` when there was no worker process."""
         pid = 0
         if self.sock is not None and self.arena is not None:
             try:

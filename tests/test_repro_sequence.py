@@ -123,11 +123,11 @@ def test_the_history_keeps_the_latest_examples_within_its_bounds(monkeypatch):
 # The fresh worker made ready ahead (remote.Channel.prepare)
 
 
-def test_a_restart_takes_the_worker_made_ready_ahead_and_makes_the_next_one_ready():
+def test_a_restart_takes_the_worker_made_ready_ahead():
     """A spare is forked and given the load while the current worker still serves; a restart
-    takes it (recorded among the target's workers only then, with nothing of the calls before),
-    reaps the old worker off the checker's path and makes the next one ready; closing the
-    channel kills the spare that was never taken."""
+    kills the old worker and takes the spare (recorded among the target's workers only then,
+    with nothing of the calls before); the next spare's thread waits for the old worker's exit
+    first; closing the channel kills the spare that was never taken."""
     import torch
 
     spec = remote.open_normalizer(f"{FILE}:constant_cache_softmax", {}, CI)
@@ -142,11 +142,13 @@ def test_a_restart_takes_the_worker_made_ready_ahead_and_makes_the_next_one_read
     assert channel.pid == old and channel.monitor.history.snapshot()
     channel.restart()
     assert channel.pid == ready.pid and channel.monitor.pids[-1] == ready.pid
-    assert channel.monitor.history.snapshot() == []
+    assert channel.monitor.history.snapshot() == [] and channel.spare is None
+    assert channel.unreaped == [old]
+    channel.prepare()
     following = channel.spare
-    assert following is not None and following is not ready
     following.thread.join()
     assert following.error is None and following.pid not in (old, ready.pid)
+    assert following.reap == (old,) and channel.unreaped == []
     assert remote.zygote().status(old, wait=0) is not None  # reaped on the spare's thread
     out = spec.fn(torch.zeros(2, 3))
     assert torch.allclose(out, torch.full((2, 3), 1 / 3))
