@@ -639,6 +639,7 @@ def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
     case, exc = min(failures, key=lambda f: (not isinstance(f[1], (Violation, NormalizerError)),
                                              _size(f[0]), not isinstance(f[1], Violation)))
     found = exc
+    sequence.prepare(prop, spec, exc)  # the fresh worker of _in_sequence, loaded meanwhile
     case, exc, state.reproduces = _exact_and_minimal(prop, spec, ctx, case, exc)
     if isinstance(found, Deferred) and type(exc) is type(found):
         exc = found  # the unit-wide message (how many other inputs were judged)

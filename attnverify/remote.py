@@ -175,12 +175,19 @@ class Zygote:
         status = reply.get("status")
         return status if type(status) is int else None
 
-    def kill(self, pid: int) -> None:
+    def kill(self, pid: int, *, reap: bool = True) -> None:
+        """``SIGKILL`` to the worker ``pid`` and its process group from here, at once; then
+        (``reap``) the zygote kills it too and waits until it has reaped it (:meth:`reap`)."""
         for kill in (os.killpg, os.kill):
             try:
                 kill(pid, 9)
             except OSError:
                 pass
+        if reap:
+            self.reap(pid)
+
+    def reap(self, pid: int) -> None:
+        """The zygote kills the worker ``pid`` and waits until it has reaped it."""
         try:
             self.request({"op": "kill", "pid": pid})
         except WorkerFailed:
@@ -306,6 +313,8 @@ class Monitor:
         self.history = History()
         #: Replaces the worker by a fresh one (the target loaded again): :meth:`Channel.restart`.
         self.restart: Any = None
+        #: Makes a fresh worker ready ahead of the next restart: :meth:`Channel.prepare`.
+        self.prepare: Any = None
 
     def mark(self) -> tuple[int, int]:
         return len(self.effects), len(self.refused)
@@ -379,6 +388,51 @@ _ERROR_KEYS = {"id", "ok", "kind", "type", "message", "side_effects", "index",
 MAX_WARNINGS = 20
 
 
+class _Spare:
+    """A fresh worker made ready on a thread of its own while the checker goes on
+    (:meth:`Channel.prepare`): the zygote first reaps the workers handed over (``reap``: killed
+    already, their exit waited for here instead of on the checker's path), then forks the new
+    one, and the target's ``load`` request is sent to it. The load runs in that worker at once,
+    on the other core; its answer is read, strictly like any load's, when the channel takes the
+    worker (:meth:`Channel._start`), and its time limit runs from when it was sent."""
+
+    def __init__(self, load_message: dict, memory_limit: bool, reap: tuple[int, ...]):
+        self.load_message, self.memory_limit, self.reap = load_message, memory_limit, reap
+        self.pid, self.sock, self.sandbox = 0, None, ""
+        self.sent: float | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="attnverify-spare", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for pid in self.reap:
+                zygote().reap(pid)
+            self.pid, self.sock, self.sandbox = zygote().fork(self.memory_limit)
+            self.sent = time.monotonic()
+            wire.send(self.sock, {**self.load_message, "id": 1})
+        except BaseException as exc:  # noqa: BLE001 - the channel starts a worker itself then
+            self.error = exc
+
+    def take(self):
+        """``(pid, channel, sandbox, when the load was sent)`` once the thread is done, or
+        ``None`` where it failed (the spare discarded: the channel starts a worker as it always
+        did, and meets whatever failure is there itself)."""
+        self.thread.join()
+        if self.error is not None or self.sent is None:
+            self.discard()
+            return None
+        return self.pid, self.sock, self.sandbox, self.sent
+
+    def discard(self) -> None:
+        self.thread.join()
+        if self.sock is not None:
+            self.sock.close()
+        if self.pid:
+            zygote().kill(self.pid)
+        self.pid, self.sock = 0, None
+
+
 class Channel:
     """The connection to one target's worker, restarted (and the target reloaded) on demand."""
 
@@ -407,6 +461,12 @@ class Channel:
         #: why the target is failed in full once they are too many (:meth:`_strike`).
         self.strikes: list[bool] = []
         self.condemned: str | None = None
+        #: A fresh worker made ready ahead of the next start (:meth:`prepare`), or ``None``.
+        self.spare: _Spare | None = None
+        #: Workers a restart killed whose exit the zygote has not been asked to wait for yet
+        #: (by the next spare's thread, else when the channel closes).
+        self.unreaped: list[int] = []
+        self.monitor.prepare = self.prepare
 
     # ---- lifetime -----------------------------------------------------------------------------
 
@@ -419,14 +479,34 @@ class Channel:
         """A fresh worker (the target loaded again), with nothing of the calls before: the
         replay of a call sequence starts here (:mod:`attnverify.sequence`). In-process
         (``--no-isolation``) a fresh server loads the target again; a module already imported
-        keeps its state there."""
-        self.close()
+        keeps its state there. Behind the boundary the old worker is killed at once (the zygote
+        waits for its exit later, off the checker's path) and the fresh one is the one made
+        ready ahead (:meth:`prepare`) when there is one."""
+        old = self._close_worker(reap=False)
+        if old:
+            self.unreaped.append(old)
         self._start()
+
+    def prepare(self) -> None:
+        """Make a fresh worker ready for the next start (:meth:`restart`, or a start after a
+        worker failed), on a thread while the checker goes on: forked, the target's load
+        request sent (:class:`_Spare`); the workers restarts killed are reaped on that thread
+        first. Called where a fresh worker will soon be needed (a failure found, before it is
+        shrunk: :func:`attnverify.sequence.prepare`); a no-op in-process, for a target failed in
+        full, or when one is ready already. It is a worker like any other: it is given nothing
+        but the load before it is taken, and it is recorded among the target's workers only
+        then."""
+        if not self.isolated or self.condemned is not None or self.spare is not None:
+            return
+        reap, self.unreaped = tuple(self.unreaped), []
+        self.spare = _Spare(self.load_message, self.device == "cpu", reap)
 
     def _start(self) -> None:
         self.monitor.history.clear()
+        spare, self.spare = self.spare, None
         if not self.isolated:
-
+            if spare is not None:
+                spare.discard()
             self.local = Server()
             try:
                 describe = self.local.load(dict(self.load_message))
@@ -435,12 +515,22 @@ class Channel:
                 raised.traceback = user_traceback(exc.__cause__ or exc.__context__ or exc)
                 raise raised from None
         else:
-            self.pid, self.sock, sandbox = zygote().fork(memory_limit=self.device == "cpu")
+            # the worker made ready ahead (:meth:`prepare`), its load sent, else a new one
+            taken = spare.take() if spare is not None else None
+            if taken is not None:
+                self.pid, self.sock, sandbox, sent = taken
+            else:
+                self.pid, self.sock, sandbox = zygote().fork(memory_limit=self.device == "cpu")
+                sent = None
             self.monitor.pids.append(self.pid)
             self.monitor.sandboxes.append(sandbox)
             self.arena, self.next_id, self.cursor = None, 0, 0
-            reply = self._exchange(self.load_message, (), deadline=time.monotonic() +
-                                   self.timeout_s)
+            if sent is None:
+                reply = self._exchange(self.load_message, (), deadline=time.monotonic() +
+                                       self.timeout_s)
+            else:  # the load request the spare was sent (id 1), answered within its limit
+                self.next_id = 1
+                reply = self._reply("load", self.sock, sent + self.timeout_s)
             if not reply["ok"]:
                 self._discard()
                 self._raise(reply, "load", [], None)
@@ -453,6 +543,21 @@ class Channel:
             self._fail("described the target differently when it was loaded again")
 
     def close(self) -> None:
+        """Stop the worker, and the one made ready ahead (:meth:`prepare`) if any; wait until
+        every worker a restart killed has exited."""
+        self._close_worker()
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            spare.discard()
+        unreaped, self.unreaped = self.unreaped, []
+        for pid in unreaped:
+            zygote().reap(pid)
+
+    def _close_worker(self, reap: bool = True) -> int:
+        """Stop the current worker: its late writes read back, then killed at once; ``reap``:
+        wait until the zygote has reaped it (else the caller keeps its pid, returned, in
+        :attr:`unreaped`). ``0`` when there was no worker process."""
+        pid = 0
         if self.sock is not None and self.arena is not None:
             try:
                 self._check_late(everything=True)
@@ -464,10 +569,12 @@ class Channel:
             except OSError:
                 pass
             self.sock.close()
-            zygote().kill(self.pid)
+            pid = self.pid
+            zygote().kill(pid, reap=reap)
         if self.arena is not None:
             self.arena.close()
         self.sock, self.arena, self.local = None, None, None
+        return pid
 
     def _dead(self, why: str = "") -> WorkerFailed:
         pid = self.pid
@@ -526,6 +633,10 @@ class Channel:
         finally:
             if self.sock is not None:
                 self.sock.settimeout(None)
+        return self._reply(message["op"], sock, deadline)
+
+    def _reply(self, op: str, sock: socket.socket, deadline: float) -> dict:
+        """The one answer to the ``op`` request sent last (id :attr:`next_id`), strictly."""
         try:
             reply = _receive(sock, deadline)
         except TimeoutError:
@@ -537,7 +648,6 @@ class Channel:
             raise self._dead() from None
         except wire.ProtocolError as exc:
             self._fail(f"sent {exc}")
-        op = message["op"]
         if reply.get("id") != self.next_id or not isinstance(reply.get("ok"), bool):
             self._fail("answered with the wrong request id")
         allowed = _REPLY_KEYS[op] if reply["ok"] else _ERROR_KEYS

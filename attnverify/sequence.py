@@ -19,6 +19,9 @@ way it was checked) are replayed before it, each attempt in a fresh worker:
    single examples (delta debugging by complements: fewest calls).
 
 At most :data:`MAX_ATTEMPTS` fresh workers and :data:`BUDGET_S` seconds of replay per failure.
+Each fresh worker is made ready ahead, on another thread (:func:`prepare`: when the failure is
+found, before it is shrunk; before each attempt of the search of earlier calls), so the restart
+does not wait for the target's load.
 The counterexample then carries the earlier examples (``"sequence"``, oldest first) and the repro
 line replays them, in order, in one fresh worker before it re-checks the case
 (:func:`replay`). A failure that no replay reproduces is reported as before, with
@@ -123,15 +126,35 @@ def history(spec, case) -> list[Step]:
     return out
 
 
+def searched(prop, spec, exc) -> bool:
+    """Whether :func:`find` searches for ``prop``'s failure ``exc`` on ``spec`` (a violation, a
+    raise or a refusal, on a restartable worker), so it will start a fresh worker."""
+    if isinstance(exc, Deferred) or not (exc is None or isinstance(exc, (Violation,
+                                                                         NormalizerError))):
+        return False
+    return applies(spec) and property_of(prop.id) is not None
+
+
+def prepare(prop, spec, exc) -> None:
+    """A fresh worker made ready ahead, on another thread, for the search of a failure just
+    found (:meth:`attnverify.remote.Channel.prepare`), so that :func:`find`'s first restart,
+    after the failure is shrunk, does not wait for the target's load."""
+    if searched(prop, spec, exc):
+        _prepare(monitor_of(spec))
+
+
+def _prepare(monitor) -> None:
+    ready = getattr(monitor, "prepare", None)
+    if callable(ready):
+        ready()
+
+
 def find(prop, spec, ctx, case, exc) -> Found | None:
     """The fewest earlier examples ``case`` needs to fail ``prop`` again the way it failed
     (``exc``; ``None``: an output refused at the border), each replay in a fresh worker;
     ``None`` where the search does not apply (no restartable worker, a failure decided over a
     unit)."""
-    if isinstance(exc, Deferred) or not (exc is None or isinstance(exc, (Violation,
-                                                                         NormalizerError))):
-        return None
-    if not applies(spec) or property_of(prop.id) is None:
+    if not searched(prop, spec, exc):
         return None
     earlier = history(spec, case)
     search = _Search(prop, spec, ctx, case, exc)
@@ -165,6 +188,8 @@ class _Search:
             raise _OutOfBudget()
         self.attempts += 1
         self.monitor.restart()
+        if self.attempts > 1:  # a search of earlier calls: the next attempt's worker, meanwhile
+            _prepare(self.monitor)
         replay(self.spec, self.ctx, steps)
         mark = len(self.monitor.refused)
         try:
@@ -184,6 +209,7 @@ class _Search:
         n = len(earlier)
         if not n:
             return Found((), None, False)
+        _prepare(self.monitor)  # the first attempt's worker, while the search begins
         known, k, seen = 0, 1, None
         while True:  # the last 1, 2, 4, … examples, the whole history last
             k = min(k, n)

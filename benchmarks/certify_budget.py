@@ -13,7 +13,8 @@ checkout and for another one (``BASE``: a checkout of an older commit, e.g. made
 add /tmp/base7e 7e72048``; each runs with ``PYTHONPATH`` set to its own tree and this interpreter),
 interleaved round by round so both meet the same load: certify of every built-in (ci; this checkout
 with its default ``--jobs`` and with ``--jobs 1``), one normalizer ``file.py:fn`` (dev and ci; and
-a failing one, ci, which exits 1), ``certify --attention sdpa`` and of a user's eager kernel (ci)
+a failing one, ci, which exits 1, with its passing twin: the same sparsemax made right),
+``certify --attention sdpa`` and of a user's eager kernel (ci)
 and seven falsify bounds of the corpus (ci; true ones searched to the end of the budget and false
 ones, with and without a Jacobian). For each it prints the median and best wall time, the CPU
 time of the whole process
@@ -49,6 +50,7 @@ SIDE_BY_SIDE = (
     ("file-fn-dev", ["certify", "{fn}", "--profile", "dev", "--quiet"], False),
     ("file-fn-ci", ["certify", "{fn}", "--profile", "ci", "--quiet"], False),
     ("failing-fn-ci", ["certify", "{bad}", "--profile", "ci", "--quiet"], False),
+    ("sparsemax-fn-ci", ["certify", "{twin}", "--profile", "ci", "--quiet"], False),
     ("attention-sdpa-ci", ["certify", "--attention", "sdpa", "--profile", "ci", "--quiet"], False),
     ("attention-eager-ci", ["certify", "--attention", "{attn}", "--profile", "ci", "--quiet"],
      False),
@@ -75,6 +77,23 @@ USER_FILE = "import torch\n\n\ndef fn(scores, dim=-1):\n    return torch.softmax
 #: value), as a user's file: a failing target timed beside the passing ones.
 FAILING_TARGET = (Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "planted.py",
                   "wrong_threshold_sparsemax")
+#: ``{twin}``: the failing target's passing twin, written for the run: the same sparsemax with
+#: the threshold right (and the row's maximum subtracted first, so that a one-entry row of a large
+#: value keeps its support), the same per-call work; it is certified with the same properties, so
+#: the failing target's time beside it is what failing costs, not what its sort costs.
+TWIN_FILE = """import torch
+
+
+def sparsemax(scores, dim=-1):
+    z = scores.movedim(dim, -1)
+    z = z - z.amax(-1, keepdim=True).nan_to_num(0.0, 0.0, 0.0)
+    srt, _ = torch.sort(z, dim=-1, descending=True)
+    k = torch.arange(1, z.shape[-1] + 1, dtype=z.dtype)
+    cs = srt.cumsum(-1) - 1
+    size = (k * srt > cs).sum(-1, keepdim=True).clamp_min(1)
+    tau = cs.gather(-1, size - 1) / size.to(z.dtype)
+    return (z - tau).clamp_min(0).movedim(-1, dim)
+"""
 #: ``{attn}``: a user's eager attention kernel (scores, mask, softmax, weighted values in torch
 #: ops, no fused kernel), written for the run.
 ATTENTION_FILE = '''import math
@@ -206,7 +225,10 @@ def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None)
         attn = Path(tmp) / "user_attention.py"
         attn.write_text(ATTENTION_FILE)
         bad = ":".join(map(str, FAILING_TARGET))
-        files = {"fn": f"{user}:fn", "attn": f"{attn}:attn", "bad": bad}
+        twin = Path(tmp) / "user_sparsemax.py"
+        twin.write_text(TWIN_FILE)
+        files = {"fn": f"{user}:fn", "attn": f"{attn}:attn", "bad": bad,
+                 "twin": f"{twin}:sparsemax"}
         runs = [(n, [a.format(**files) for a in argv], mine)
                 for n, argv, mine in SIDE_BY_SIDE if not only or n in only]
         for r in range(rounds):

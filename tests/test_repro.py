@@ -306,3 +306,39 @@ def test_shrink_reports_a_far_failure_at_one_digit_above_its_threshold():
         overflows(RowCase(z, None, "far_rows", 0))
     small, _ = shrink(overflows, RowCase(z, None, "far_rows", 0), first.value)
     assert small.scores.tolist() == [[100.0]]
+
+
+def test_shrink_rechecks_no_rejected_candidate_twice_and_ends_where_rechecking_all_ends(
+        monkeypatch):
+    """A candidate the search re-checked and rejected is not re-checked again (its passes meet
+    some twice); it still counts against the budget, so a deterministic check is shrunk to the
+    very case, and the very exception type, of a search that re-checks every candidate."""
+    from attnverify.checks import shrink as shrinking
+    from attnverify.checks.base import Violation
+
+    calls = []
+
+    def fails_above_five(case):
+        calls.append(shrinking.identity(case))
+        if float(case.scores.max()) > 5:
+            raise Violation("above five", observed=float(case.scores.max()), bound=5,
+                            ratio=float(case.scores.max()) / 5)
+
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(4, 6, generator=g, dtype=torch.float64) * 4 + 2
+    z[2, 3] = 37.25
+    case = RowCase(z, 0.7, "gaussian", 0)
+    with pytest.raises(Violation) as first:
+        fails_above_five(case)
+    calls.clear()
+    small, exc = shrinking.shrink(fails_above_five, case, first.value)
+    memo = list(calls)
+    calls.clear()
+    monkeypatch.setattr(shrinking, "identity", lambda c: None)  # every candidate re-checked
+    every, every_exc = shrinking.shrink(fails_above_five, case, first.value)
+    assert len(set(memo)) == len(memo) < len(calls)
+    assert small.scores.dtype == every.scores.dtype
+    assert small.scores.tolist() == every.scores.tolist()
+    assert small.scores.shape == (1, 1) and float(small.scores) > 5  # one score, still failing
+    assert small._replace(scores=None) == every._replace(scores=None)
+    assert type(exc) is type(every_exc) is Violation

@@ -117,3 +117,70 @@ def test_the_history_keeps_the_latest_examples_within_its_bounds(monkeypatch):
     assert h.dropped == 2
     h.note()  # outside any example: kept, not replayable
     assert h.snapshot()[-1][0] is None
+
+
+# --------------------------------------------------------------------------------------------
+# The fresh worker made ready ahead (remote.Channel.prepare)
+
+
+def test_a_restart_takes_the_worker_made_ready_ahead():
+    """A spare is forked and given the load while the current worker still serves; a restart
+    kills the old worker and takes the spare (recorded among the target's workers only then,
+    with nothing of the calls before); the next spare's thread waits for the old worker's exit
+    first; closing the channel kills the spare that was never taken."""
+    import torch
+
+    spec = remote.open_normalizer(f"{FILE}:constant_cache_softmax", {}, CI)
+    channel = remote.channel_of(spec)
+    old = channel.pid
+    channel.prepare()
+    ready = channel.spare
+    ready.thread.join()
+    assert ready.error is None and ready.pid not in (0, old)
+    assert ready.pid not in channel.monitor.pids  # not one of the target's workers yet
+    spec.fn(torch.zeros(2, 3))  # the current worker still answers
+    assert channel.pid == old and channel.monitor.history.snapshot()
+    channel.restart()
+    assert channel.pid == ready.pid and channel.monitor.pids[-1] == ready.pid
+    assert channel.monitor.history.snapshot() == [] and channel.spare is None
+    assert channel.unreaped == [old]
+    channel.prepare()
+    following = channel.spare
+    following.thread.join()
+    assert following.error is None and following.pid not in (old, ready.pid)
+    assert following.reap == (old,) and channel.unreaped == []
+    assert remote.zygote().status(old, wait=0) is not None  # reaped on the spare's thread
+    out = spec.fn(torch.zeros(2, 3))
+    assert torch.allclose(out, torch.full((2, 3), 1 / 3))
+    spare = following.pid
+    channel.close()
+    assert channel.spare is None
+    assert remote.zygote().status(spare, wait=5) is not None  # killed, never taken
+    assert spare not in channel.monitor.pids
+
+
+def test_a_spare_that_could_not_be_made_leaves_the_restart_as_it_was(monkeypatch):
+    """Where the spare's fork fails, the restart forks and loads a worker itself, as it did
+    before there were spares."""
+    from attnverify.errors import WorkerFailed
+
+    spec = remote.open_normalizer(f"{FILE}:constant_cache_softmax", {}, CI)
+    channel = remote.channel_of(spec)
+    old = channel.pid
+    fork = remote.Zygote.fork
+    calls = []
+
+    def fails_once(self, memory_limit):
+        calls.append(memory_limit)
+        if len(calls) == 1:
+            raise WorkerFailed("no fork this time")
+        return fork(self, memory_limit)
+
+    monkeypatch.setattr(remote.Zygote, "fork", fails_once)
+    channel.prepare()
+    channel.spare.thread.join()
+    assert isinstance(channel.spare.error, WorkerFailed)
+    channel.restart()
+    assert len(calls) >= 2 and channel.pid not in (0, old)
+    assert channel.monitor.pids[-1] == channel.pid
+    assert channel.open() == channel.description

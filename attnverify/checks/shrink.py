@@ -38,6 +38,14 @@ The passes repeat while one makes progress, within :data:`MAX_CHECKS` re-checks 
 binds in practice, so the shrunk case is the same on every machine) and :data:`BUDGET_S` seconds
 (a safety net for slow normalizers). Cases with tensors tied to the keys other than the scores
 (embeddings) only get the simplest layout.
+
+A candidate the search has already re-checked and rejected (the passes meet some twice: every
+score to 0 before and after the rows are dropped, a single score's simpler value) is rejected
+again without another re-check, as delta debugging keeps its tests' outcomes (:func:`identity`
+says when two candidates are the same input). It still counts against :data:`MAX_CHECKS`, so a
+target that answers one input the same way every time is shrunk to the same case as when every
+candidate was re-checked; one whose answer to an input changes from call to call is shrunk on
+its first answers.
 """
 
 from __future__ import annotations
@@ -121,6 +129,8 @@ class _Search:
         self.case, self.exc = case, exc
         self.may_mask_rows = bool(_fully_masked_rows(case.scores).any())
         self.checks, self.deadline = 0, time.perf_counter() + budget_s
+        #: Candidates re-checked and rejected, by :func:`identity`: not re-checked again.
+        self.rejected: set = set()
 
     def exhausted(self) -> bool:
         return self.checks >= MAX_CHECKS or time.perf_counter() > self.deadline
@@ -132,12 +142,17 @@ class _Search:
         if not self.may_mask_rows and bool(_fully_masked_rows(candidate.scores).any()):
             return False  # outside the property's domain
         self.checks += 1
+        key = identity(candidate)
+        if key is not None and key in self.rejected:
+            return False  # re-checked already in this search, and rejected
         try:
             self.recheck(candidate)
         except Exception as exc:  # noqa: BLE001 - classified
             if _kind(exc) == self.kind:
                 self.case, self.exc = candidate, exc
                 return True
+        if key is not None:
+            self.rejected.add(key)
         return False
 
     def progress(self) -> bool:
@@ -302,6 +317,34 @@ class _Search:
         if not bool(where.any()):
             return False
         return self.attempt(self.case._replace(scores=scores.masked_fill(where, 0.0)))
+
+
+def identity(case: Any):
+    """What makes a candidate the input it is, as a hashable value: its type and every field,
+    a tensor by its dtype, device, shape, strides, grad flag and bytes, a float by its bits
+    (``-0.0`` is not ``0.0``; NaN is NaN); ``None`` for a field of any other unhashable kind (such a
+    candidate is always re-checked)."""
+    try:
+        return (type(case).__name__, tuple(_field(v) for v in case))
+    except TypeError:
+        return None
+
+
+def _field(value: Any):
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        raw = t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes() \
+            if t.numel() else b""
+        return ("tensor", str(t.dtype), str(t.device), tuple(t.shape), tuple(t.stride()),
+                value.requires_grad, raw)
+    if isinstance(value, float):
+        return ("float", value.hex())
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, tuple(_field(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((repr(k), _field(v)) for k, v in value.items())))
+    hash(value)  # TypeError: not a value this identity knows
+    return (type(value).__name__, value)
 
 
 def _fully_masked_rows(scores: torch.Tensor) -> torch.Tensor:
