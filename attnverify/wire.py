@@ -144,15 +144,17 @@ def send(sock: socket.socket, message: dict, fds: tuple[int, ...] = ()) -> None:
 def _read_exact(sock: socket.socket, n: int, fds: list | None = None,
                 deadline: float | None = None, text: bool = False) -> bytes:
     """``n`` bytes; with ``deadline`` (``time.monotonic()``), ``TimeoutError`` once it passes,
-    however the bytes trickle in (a peer sending one byte at a time gains no time). ``text``:
+    however the bytes trickle in (a peer sending one byte at a time gains no time): after it,
+    only bytes already there are read (an answer that came in time but is read late, as a spare
+    worker's load is, still counts; :func:`receive` bounds a frame's length). ``text``:
     each chunk is checked as it arrives (only the bytes :func:`dump` writes), so a frame whose
     body cannot be a message fails at once instead of waiting for the rest of it."""
 
     chunks, got = [], 0
     while got < n:
         if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([sock], [], [], left)[0]:
+            left = max(deadline - time.monotonic(), 0.0)
+            if not select.select([sock], [], [], left)[0]:
                 raise TimeoutError("no complete answer in time")
         if fds is not None:
             data, new_fds, _flags, _addr = socket.recv_fds(sock, n - got, 4)

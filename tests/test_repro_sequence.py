@@ -184,3 +184,26 @@ def test_a_spare_that_could_not_be_made_leaves_the_restart_as_it_was(monkeypatch
     assert len(calls) >= 2 and channel.pid not in (0, old)
     assert channel.monitor.pids[-1] == channel.pid
     assert channel.open() == channel.description
+
+
+def test_a_spare_taken_after_its_load_limit_is_not_a_hang():
+    """The spare's load answered in time but is read after its time limit has passed (a shrink
+    longer than --timeout): it is taken, not reported as a target that hung while loading; the
+    limit holds for a load that has not answered (the answer read then, not a wait begun)."""
+    import time
+
+    import torch
+
+    spec = remote.open_normalizer(f"{FILE}:constant_cache_softmax", {}, CI)
+    channel = remote.channel_of(spec)
+    channel.timeout_s = 0.5
+    channel.prepare()
+    channel.spare.thread.join()
+    time.sleep(1.5)  # the load answered long ago; its limit passed before it is read
+    ready = channel.spare.pid
+    channel.restart()
+    assert channel.pid == ready
+    channel.timeout_s = 30.0
+    out = spec.fn(torch.zeros(2, 3))
+    assert torch.allclose(out, torch.full((2, 3), 1 / 3))
+    channel.close()
