@@ -146,8 +146,7 @@ class Linearization:
             except Exception as exc:  # noqa: BLE001 - no forward mode there: fall back
                 self.mode = "forward"
                 self.forward_error = exc
-        jv = self.jvp(v)
-        return jv, self.vjp(_unit(jv)[1])
+        return _normal(self, v)
 
     def dense(self) -> Tensor:
         """The ``[R, L, L]`` Jacobian from reverse mode only (built once, by row blocks)."""
@@ -353,8 +352,14 @@ class DenseProducts:
         return torch.bmm(self.J.transpose(1, 2), u.unsqueeze(-1)).squeeze(-1)
 
     def normal(self, v: Tensor) -> tuple[Tensor, Tensor]:
-        jv = self.jvp(v)
-        return jv, self.vjp(_unit(jv)[1])
+        return _normal(self, v)
+
+
+def _normal(products, v: Tensor) -> tuple[Tensor, Tensor]:
+    """``(J·v, Jᵀu)`` with ``u`` the unit direction of ``J·v`` per row, from ``products``'s
+    ``jvp`` and ``vjp`` (two products; a worker's ``normal`` request makes them in one)."""
+    jv = products.jvp(v)
+    return jv, products.vjp(_unit(jv)[1])
 
 
 @contextlib.contextmanager
