@@ -71,7 +71,7 @@ from attnverify.quantities import (
     quantity_ranges,
 )
 from attnverify.registry import NormalizerSpec, builtins, load_target, parse_params
-from attnverify.report import check_writable, write_json
+from attnverify.report import check_writable, with_traceback, write_json
 from attnverify.runconfig import PROFILES, falsify_budget
 from attnverify.serialize import number, repro_command
 from attnverify.tolerances import tol_for
@@ -665,11 +665,5 @@ def _stopped(message: str, case: dict | None, traceback: list[str] | None = None
 
 
 def _with_traceback(line: str, traceback: list[str] | None, tracebacks: bool) -> str:
-    """``line`` with the target's own traceback below it (``tracebacks``), or with a pointer to
-    ``--traceback`` where there is one to show; as certify prints one."""
-    if not traceback:
-        return line
-    if not tracebacks:
-        return line + " (--traceback shows where in its code)"
-    return "\n".join([line, "  traceback (the target's own frames, most recent call last):",
-                      *(f"    {entry}" for entry in traceback)])
+    """``line`` with the target's own traceback (:func:`attnverify.report.with_traceback`)."""
+    return "\n".join(with_traceback(line, traceback, tracebacks, "  "))

@@ -306,14 +306,21 @@ def sequence_text(steps: list) -> str:
             f"first: {', '.join(parts)} (the repro replays them)")
 
 
+def with_traceback(line: str, traceback: list[str] | None, show: bool, indent: str) -> list[str]:
+    """``line`` and, where the target raised, its own traceback below it (``show``, under a
+    header at ``indent``), or ``line`` with a pointer to ``--traceback``: as certify and falsify
+    print one."""
+    if not traceback:
+        return [line]
+    if not show:
+        return [line + " (--traceback shows where in its code)"]
+    return [line, f"{indent}traceback (the target's own frames, most recent call last):",
+            *(f"{indent}  {entry}" for entry in traceback)]
+
+
 def _violation_lines(r: dict[str, Any], tracebacks: bool = False) -> list[str]:
-    out = [f"  {r['property']}: {r['message']}"]
-    if r.get("traceback"):
-        if tracebacks:
-            out.append("    traceback (the target's own frames, most recent call last):")
-            out.extend(f"      {line}" for line in r["traceback"])
-        else:
-            out[-1] += " (--traceback shows where in its code)"
+    out = with_traceback(f"  {r['property']}: {r['message']}", r.get("traceback"), tracebacks,
+                         "    ")
     ce = r.get("counterexample") or {}
     if ce:
         if "scores" in ce:
