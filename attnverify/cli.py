@@ -157,18 +157,21 @@ def hypothesis_home() -> str:
 NO_PLUGINS = "HYPOTHESIS_NO_PLUGINS"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, raise_usage: bool = False) -> int:
+    """Run the command ``argv`` (``sys.argv[1:]`` if ``None``) and return its exit code; a
+    usage error is printed as one line (exit 2), or raised where ``raise_usage`` (a job of
+    ``certify --jobs``, whose parent prints it once for all jobs)."""
     mine = {"HYPOTHESIS_STORAGE_DIRECTORY": hypothesis_home(), NO_PLUGINS: "1"}
     mine = {key: value for key, value in mine.items() if key not in os.environ}
     os.environ.update(mine)  # for this run (and its subprocesses) only
     try:
-        return _main(argv)
+        return _main(argv, raise_usage)
     finally:
         for key in mine:
             os.environ.pop(key, None)
 
 
-def _main(argv: list[str] | None) -> int:
+def _main(argv: list[str] | None, raise_usage: bool = False) -> int:
     try:
         check_not_shadowed()  # a folder named attnverify imported in place of the package
         parser, commands = build_parser()
@@ -183,6 +186,8 @@ def _main(argv: list[str] | None) -> int:
         sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
         return code
     except UsageError as exc:
+        if raise_usage:
+            raise
         print(f"attnverify: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

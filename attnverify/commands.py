@@ -13,8 +13,7 @@ import re
 
 from attnverify import triton_runtime
 from attnverify.errors import UsageError
-from attnverify.jobs import check_jobs, job_count
-from attnverify.registry import builtin_ids
+from attnverify.jobs import check_jobs
 from attnverify.runconfig import (
     FALSIFY_BUDGETS,
     MAX_EXAMPLES_LIMIT,
@@ -211,8 +210,7 @@ def _early_zygote(args) -> None:
 
 
 def _run_certify(args) -> int:
-    if job_count(args, args.targets or builtin_ids()) == 1:  # with jobs, they have zygotes
-        _early_zygote(args)
+    _early_zygote(args)  # with --jobs, each job's zygote is a clone of it (attnverify.jobs)
     if getattr(args, "attention", None) is not None:
         if args.database is not None:
             raise UsageError("--database applies to normalizer certification, not --attention")

@@ -12,10 +12,14 @@ process is started).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+from pathlib import Path
 
+from attnverify.atomic import write_text_atomic
 from attnverify.errors import UsageError
 
 #: Options of a certify command line that take a value and that each job gets its own of.
@@ -44,16 +48,17 @@ def check_jobs(text) -> int:
 
 def job_count(args, targets: list[str]) -> int:
     """How many jobs a certify run takes: ``--jobs N`` as given (exit 2 with an option no job can
-    share: ``--shard``, ``--database``, ``--attention``), else ``$ATTNVERIFY_JOBS``, else the
-    cores, at most one per target (one target runs serially: a second process would cost more
-    start-up than it saves), and 1 wherever the run cannot be split."""
+    share: ``--shard``, ``--database``, ``--no-isolation``), else ``$ATTNVERIFY_JOBS``, else the
+    cores, and 1 wherever the run cannot be split. Forked jobs (:func:`_forked_jobs`) start at
+    once, so one target's units are split too; where the jobs would be new processes (this one
+    cannot fork), at most one per target (a second process for one target would cost more
+    start-up than it saves)."""
     given = getattr(args, "jobs", None)
     if getattr(args, "argv", None) is None:  # not from the command line: nothing to run again
         return 1
     blocker = next((option for option, on in (
         ("--shard", getattr(args, "shard", None) is not None),
         ("--database", getattr(args, "database", None) is not None),
-        ("--attention", getattr(args, "attention", None) is not None),
         ("--no-isolation", bool(getattr(args, "no_isolation", False))),
     ) if on), None)
     if given is not None:
@@ -64,7 +69,7 @@ def job_count(args, targets: list[str]) -> int:
         return 1
     default = os.environ.get(JOBS_ENV)
     count = check_jobs(default) if default else cores()
-    return max(1, min(count, len(targets)))
+    return max(1, count if _can_fork() else min(count, len(targets)))
 
 
 def job_argv(argv: list[str], k: int, n: int, seed: int, part: str, quiet: bool) -> list[str]:
@@ -98,27 +103,21 @@ def run_jobs(argv: list[str], n: int, ctx, *, quiet: bool) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="attnverify-jobs-") as tmp:
         paths = [os.path.join(tmp, f"part{k}.json") for k in range(1, n + 1)]
-        procs = []
-        try:
-            for k, path in enumerate(paths, start=1):
-                command = [sys.executable, "-m", "attnverify",
-                           *job_argv(argv, k, n, ctx.seed, path, quiet)]
-                procs.append(subprocess.Popen(
-                    command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                    stderr=None if not quiet else subprocess.PIPE))
-            errors = [p.communicate()[1] for p in procs]
-        except BaseException:
-            for p in procs:
-                p.kill()
-            for p in procs:
-                p.wait()
-            raise
+        commands = [job_argv(argv, k, n, ctx.seed, path, quiet)
+                    for k, path in enumerate(paths, start=1)]
+        ended = _forked_jobs(commands, tmp, quiet) if _can_fork() else None
+        if ended is None:
+            ended = _spawned_jobs(commands, quiet)
+        usage = [_read(os.path.join(tmp, f"usage{k}")) for k in range(1, n + 1)]
+        first = next((text for text in usage if text), None)
+        if first:  # the same bad input in every job: one line for all (exit 2)
+            raise UsageError(first.decode("utf-8", "replace").strip())
         parts = []
-        for k, (proc, path, err) in enumerate(zip(procs, paths, errors), start=1):
+        for k, (path, (code, err)) in enumerate(zip(paths, ended), start=1):
             if not os.path.exists(path):
                 why = (err or b"").decode("utf-8", "replace").strip().splitlines()
                 raise UsageError(f"--jobs: job {k} of {n} ended with exit code "
-                                 f"{proc.returncode} and no results"
+                                 f"{code} and no results"
                                  + (f" ({why[-1][:200]})" if why else ""))
             parts.append((path, load_part(path)))
         check_together(parts)
@@ -128,3 +127,125 @@ def run_jobs(argv: list[str], n: int, ctx, *, quiet: bool) -> dict:
     data["checker_pid"] = os.getpid()
     data["seed_source"] = getattr(ctx, "seed_source", "fixed")
     return data
+
+
+def _can_fork() -> bool:
+    """Whether the jobs can be forked from this process: a POSIX system, this process alone on
+    its thread (a fork copies only the forking thread; a lock another one held would stay
+    held in the child)."""
+    return hasattr(os, "fork") and threading.active_count() == 1
+
+
+def _spawned_jobs(commands: list[list[str]], quiet: bool) -> list[tuple[int, bytes | None]]:
+    """Each job a new ``python -m attnverify`` process (where this one cannot fork):
+    ``[(exit code, its standard error where quiet)]``."""
+    procs = []
+    try:
+        for command in commands:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "attnverify", *command], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=None if not quiet else subprocess.PIPE))
+        errors = [p.communicate()[1] for p in procs]
+    except BaseException:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+        raise
+    return [(p.returncode, err) for p, err in zip(procs, errors)]
+
+
+def _forked_jobs(commands: list[list[str]], tmp: str,
+                 quiet: bool) -> list[tuple[int, bytes | None]] | None:
+    """Each job a fork of this process, which has imported torch, Hypothesis and the checks
+    already, with a clone of this process's zygote (:meth:`attnverify.remote.Zygote.clone`),
+    which has imported torch for the workers: a job starts at once instead of importing both
+    again. ``[(exit code, its standard error where quiet)]``, or ``None`` where the zygote
+    could not be cloned (the caller spawns the jobs instead)."""
+    from attnverify import remote  # dispatch: imports torch, which a run with jobs has already
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pids: list[int] = []
+    errs = [os.path.join(tmp, f"stderr{k}") for k in range(1, len(commands) + 1)]
+    try:
+        for command, err in zip(commands, errs):
+            try:
+                zpid, zsock = remote.zygote().clone()
+            except remote.WorkerFailed:
+                if pids:
+                    raise
+                return None
+            try:
+                pid = os.fork()
+                if pid == 0:
+                    _job_main(command, zpid, zsock, err if quiet else None,
+                              os.path.join(tmp, f"usage{len(pids) + 1}"))
+            finally:
+                zsock.close()
+            pids.append(pid)
+        codes = [_exit_code(os.waitpid(pid, 0)[1]) for pid in pids]
+    except BaseException:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for pid in pids:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        raise
+    return [(code, _read(err)) for code, err in zip(codes, errs)]
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def _job_main(command: list[str], zpid: int, zsock, err: str | None, usage: str) -> None:
+    """The forked job: standard input and output on ``/dev/null`` (standard error on ``err``
+    where given), the zygote's clone adopted, then the command run as ``attnverify COMMAND``
+    would run it, except that a usage error is written to ``usage`` for the parent to print
+    once (exit 2); never returns."""
+    code = 70
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        if err is not None:
+            fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(fd, 2)
+            os.close(fd)
+        os.close(devnull)
+        from attnverify import remote  # dispatch: imported by the parent already
+
+        # the command line's entry point, which ran the parent's command (jobs exist only for
+        # a run from the command line: job_count); not imported here, which would close a cycle
+        cli = sys.modules["attnverify.cli"]
+        try:
+            remote.zygote().adopt(zpid, zsock)
+            code = cli.main(command, raise_usage=True)
+        except UsageError as exc:
+            write_text_atomic(Path(usage), f"{exc}\n")
+            code = 2
+        remote.zygote().close()
+    except BaseException:  # noqa: BLE001 - reported as the job's failure by the parent
+        import traceback  # dispatch: only where the job itself broke
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _exit_code(status: int) -> int:
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)

@@ -167,6 +167,39 @@ class Zygote:
         sandbox = reply.get("sandbox")
         return pid, mine, sandbox if isinstance(sandbox, str) else "none: not reported"
 
+    def clone(self) -> tuple[int, socket.socket]:
+        """A copy of this zygote for another checker process (``certify --jobs``): ``(pid,
+        the checker's end of its channel)``, its hello's answer still to read (:meth:`adopt`).
+        It is forked, torch already imported, so a job's workers start without importing it
+        again."""
+        mine, theirs = socket.socketpair()
+        try:
+            reply = self.request({"op": "clone"}, (theirs.fileno(),))
+        finally:
+            theirs.close()
+        pid = reply.get("pid")
+        if type(pid) is not int or pid <= 1 or pid in (os.getpid(), self.pid):
+            mine.close()
+            raise WorkerFailed("the zygote answered a clone with no process")
+        return pid, mine
+
+    def adopt(self, pid: int, sock: socket.socket) -> None:
+        """In a forked checker (a job): take the clone ``(pid, sock)`` (:meth:`clone`) as this
+        process's zygote, in place of the one inherited from the parent (its channel closed
+        here, the parent's to keep)."""
+        if self.sock is not None:
+            self.sock.close()
+        self.proc, self.sock, self.pid, self.owner = _Foreign(pid), sock, pid, os.getpid()
+        self.lock = threading.Lock()
+        try:
+            reply = _receive(sock, time.monotonic() + ZYGOTE_START_S)
+        except (OSError, EOFError, wire.ProtocolError, TimeoutError) as exc:
+            self.close()
+            raise WorkerFailed(f"could not start the worker processes ({exc})") from None
+        if reply.get("pid") != pid:
+            self.close()
+            raise WorkerFailed("the zygote's clone answered with another process")
+
     def status(self, pid: int, wait: float = STATUS_WAIT_S) -> int | None:
         try:
             reply = self.request({"op": "status", "pid": pid, "wait": wait}, wait=wait + 10)
@@ -214,6 +247,40 @@ class Zygote:
         if self.sock is not None:
             self.sock.close()
         self.proc, self.sock = None, None
+
+
+class _Foreign:
+    """The part of :class:`subprocess.Popen` a :class:`Zygote` uses, for a zygote this process
+    did not start (a clone: the child of the first zygote, which reaps it)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                with open(f"/proc/{self.pid}/stat", "rb") as fh:
+                    state = fh.read().rsplit(b")", 1)[-1].split()[0]
+            except (OSError, IndexError):
+                state = b"X"
+            if state in (b"Z", b"X"):  # exited (a zombie until its parent reaps it) or gone
+                self.returncode = -1
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, 9)
+        except OSError:
+            pass
 
 
 def _warm_up() -> None:

@@ -1270,9 +1270,15 @@ def zygote_main(ctrl_fd: int) -> None:
             __import__(name)
         except Exception:  # noqa: BLE001 - a missing optional module: the worker imports later
             pass
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    _serve_forks(ctrl)
+
+
+def _serve_forks(ctrl: socket.socket) -> None:
+    """The zygote's loop: answer the requests of the checker at the other end of ``ctrl`` (its
+    hello's answer first) until it closes or asks the zygote to exit."""
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)  # not inherited: a clone (``clone``) sets it again
     workers: dict[int, int | None] = {}
-    scratches.clear()
+    scratches.clear()  # a clone's: its parent's directories stay its parent's
     wire.send(ctrl, {"ok": True, "pid": os.getpid()})
 
     while True:
@@ -1299,6 +1305,15 @@ def zygote_main(ctrl_fd: int) -> None:
             scratches[pid] = scratch
             sandbox = _read_status(status_r)
             wire.send(ctrl, {"ok": True, "pid": pid, "sandbox": sandbox})
+        elif op == "clone" and len(fds) == 1:
+            # a zygote for another checker (``certify --jobs``): this process forked, torch
+            # already imported, serving the socket sent; a live child here like a worker
+            pid = os.fork()
+            if pid == 0:
+                _become_clone(ctrl, fds[0])
+            os.close(fds[0])
+            workers[pid] = None
+            wire.send(ctrl, {"ok": True, "pid": pid})
         elif op == "status":
             pid = message.get("pid")
             deadline = time.monotonic() + min(float(message.get("wait", 0)), 30.0)
@@ -1325,6 +1340,18 @@ def zygote_main(ctrl_fd: int) -> None:
             for fd in fds:
                 os.close(fd)
             wire.send(ctrl, {"ok": False})
+
+
+def _become_clone(ctrl: socket.socket, fd: int) -> None:
+    """In the forked child of ``clone``: a zygote of its own on ``fd``, no worker of its
+    parent's (the parent's channel closed, its workers left to it); it exits, like its
+    parent, when its checker's end closes or asks it to."""
+    try:
+        ctrl.close()
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the parent zygote gone: so is this one
+        _serve_forks(socket.socket(fileno=fd))
+    finally:
+        os._exit(0)
 
 
 def _kill(pid) -> None:

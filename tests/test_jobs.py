@@ -4,10 +4,14 @@ machinery give the serial run's certificate, apart from seconds and process ids.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
-from attnverify import jobs
+from attnverify import jobs, remote
 from attnverify.cli import main
 
 RUN = ["softmax", "sparsemax", "--profile", "dev", "--max-examples", "3", "--claims", "", "--quiet"]
@@ -64,7 +68,7 @@ def test_bad_jobs_are_exit_2(capsys, argv, fragment):
     assert code == 2 and fragment in err and err.count("\n") == 1, err
 
 
-def test_the_default_is_the_cores_at_most_one_per_target(monkeypatch):
+def test_the_default_is_the_cores(monkeypatch):
     class Args:
         jobs = shard = database = attention = None
         no_isolation = False
@@ -72,10 +76,135 @@ def test_the_default_is_the_cores_at_most_one_per_target(monkeypatch):
 
     monkeypatch.delenv(jobs.JOBS_ENV, raising=False)
     monkeypatch.setattr(jobs, "cores", lambda: 2)
+    assert jobs.job_count(Args, ["softmax"]) == 2  # forked jobs split one target's units too
+    assert jobs.job_count(Args, ["softmax", "sparsemax", "entmax15"]) == 2
+    monkeypatch.setattr(jobs, "_can_fork", lambda: False)  # new processes: one per target
     assert jobs.job_count(Args, ["softmax"]) == 1
     assert jobs.job_count(Args, ["softmax", "sparsemax", "entmax15"]) == 2
+    monkeypatch.undo()
+    monkeypatch.setattr(jobs, "cores", lambda: 2)
     monkeypatch.setenv(jobs.JOBS_ENV, "1")
     assert jobs.job_count(Args, ["softmax", "sparsemax"]) == 1
     Args.database = "dir"
     monkeypatch.delenv(jobs.JOBS_ENV)
     assert jobs.job_count(Args, ["softmax", "sparsemax"]) == 1
+
+
+def _run(*argv, env=None):
+    return subprocess.run([sys.executable, "-m", "attnverify", *argv], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.slow  # four certifications of one target, from the command line
+def test_forked_jobs_split_one_target_into_the_serial_certificate(tmp_path):
+    """From the command line the jobs are forks of the command's process, each with a clone of
+    its zygote (:func:`attnverify.jobs._forked_jobs`): one normalizer and one attention kernel
+    split over two jobs give the serial certificates."""
+    runs = {"normalizer": ["softmax", "--profile", "dev", "--max-examples", "4"],
+            "attention": ["--attention", "eager_softmax", "--profile", "dev",
+                          "--max-examples", "2"]}
+    for what, argv in runs.items():
+        certs = {}
+        for n in (1, 2):
+            path = tmp_path / f"{what}{n}.json"
+            done = _run("certify", *argv, "--quiet", "--jobs", str(n), "--json", str(path))
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.count("CERTIFIED") == 1 and not done.stderr, done.stderr
+            certs[n] = json.loads(path.read_text())
+        assert list(certs[1]) == list(certs[2])
+        assert _comparable(certs[1]) == _comparable(certs[2]), what
+        assert set(certs[1]["targets"][0]["worker_pids"]).isdisjoint(
+            certs[2]["targets"][0]["worker_pids"])
+
+
+def test_a_usage_error_of_the_jobs_is_one_line(tmp_path):
+    """Every forked job meets the same bad input (it shows only once a target is loaded): the
+    command prints it once, exit 2, whatever the number of jobs and targets."""
+    for targets in (["softmax"], ["softmax", "sparsemax"]):
+        done = _run("certify", *targets, "--claims", "no_such_property", "--profile", "dev",
+                    env={jobs.JOBS_ENV: "2"})
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1 and "unknown property id" in done.stderr, \
+            done.stderr
+    done = _run("certify", str(tmp_path / "absent.py") + ":fn", env={jobs.JOBS_ENV: "2"})
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        return int(fh.read().rsplit(b")", 1)[-1].split()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pid: int, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not _alive(pid)
+
+
+def test_a_zygote_clone_serves_workers_of_its_own():
+    """A job's zygote is a fork of the command's (``clone``): its workers are its children,
+    closing it kills them and it, and the first zygote forks on as before."""
+    root = remote.zygote()
+    pid, sock = root.clone()
+    clone = remote.Zygote()
+    clone.adopt(pid, sock)
+    assert clone.alive() and _parent(pid) == root.pid
+    worker, channel, _sandbox = clone.fork(memory_limit=False)
+    assert _parent(worker) == pid
+    clone.close()
+    channel.close()
+    assert _wait_gone(worker) and _wait_gone(pid)
+    other, channel, _sandbox = root.fork(memory_limit=False)
+    assert _parent(other) == root.pid
+    root.kill(other)
+    channel.close()
+    assert _wait_gone(other)
+
+
+def test_nothing_of_a_run_with_jobs_outlives_it(tmp_path):
+    """A target that leaves a daemon behind (double fork, new session), certified on two forked
+    jobs: when the command has exited, no process it started is left (its zygote, the clones,
+    the workers, the daemon: each found by a mark in its environment)."""
+    pidfile = tmp_path / "daemon.pid"
+    source = tmp_path / "daemonizes.py"
+    source.write_text(f"""
+import os, time, torch
+def norm(scores, dim=-1):
+    if not os.path.exists({str(pidfile)!r}):
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                with open({str(pidfile)!r} + ".tmp", "w") as fh:
+                    fh.write(str(os.getpid()))
+                os.replace({str(pidfile)!r} + ".tmp", {str(pidfile)!r})
+                time.sleep(600)
+            os._exit(0)
+        while not os.path.exists({str(pidfile)!r}):
+            time.sleep(0.01)
+    return torch.softmax(scores, dim)
+""")
+    mark = f"attnverify-test-{os.getpid()}-{time.monotonic_ns()}"
+    done = _run("certify", f"{source}:norm", "--claims", "", "--profile", "dev",
+                "--max-examples", "2", "--quiet", "--jobs", "2",
+                env={"ATTNVERIFY_SANDBOX_WRITABLE": str(tmp_path), "ATTNVERIFY_TEST_MARK": mark})
+    assert done.returncode == 0, done.stderr
+    assert pidfile.exists()
+    assert _wait_gone(int(pidfile.read_text()), 5), "the target's daemon outlived the run"
+    left = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                if mark.encode() in fh.read() and _alive(int(name)):
+                    left.append(name)
+        except (OSError, ValueError):
+            continue
+    assert not left, f"processes of the run outlived it: {left}"
