@@ -175,7 +175,7 @@ def _certify_args(p: argparse.ArgumentParser) -> None:
                    "'attnverify merge'")
     p.add_argument("--jobs", type=_jobs, default=None, metavar="N",
                    help="checker processes that run the units at once, 1 to 256 (default: "
-                   "$ATTNVERIFY_JOBS, else the cores, at most one per target); the certificate "
+                   "$ATTNVERIFY_JOBS, else the cores); the certificate "
                    "is the serial run's (--jobs 1) apart from seconds and process ids")
     p.add_argument("--database", default=None, metavar="DIR|redis://HOST:PORT/DB",
                    help="an example database (e.g. one a HypoFuzz campaign filled): every "

@@ -3,7 +3,9 @@
 The run is split with the shard machinery (:mod:`attnverify.shard`: units of target × property ×
 dtype × device, partitioned by their static ci costs): job ``k`` is ``attnverify certify … --shard
 k/N`` in a process of its own (its own checker, zygote and workers), writing its partial
-certificate to a private temporary directory. The parts are merged by :mod:`attnverify.merge`
+certificate to a private temporary directory. From the command line each job is a fork of the
+command's process with a clone of its zygote (:func:`_forked_jobs`), so neither imports torch
+again. The parts are merged by :mod:`attnverify.merge`
 (the same :func:`attnverify.certify.combine` an unsharded run uses), so the certificate is the
 serial run's apart from seconds and process ids. ``--jobs 1`` is the serial path itself (no
 process is started).
