@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import sys
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -146,6 +147,22 @@ def combine(prop_id: str, claimed: bool, units: list, *, missing: str = "") -> P
         units=list(units),
         traceback=chosen.traceback if top in ("violated", "error") and chosen else None,
     )
+
+
+def progress_line(target: str, result: PropertyResult) -> None:
+    """The console's line for a property as it ends, on standard error. In a shard (a job of
+    ``--jobs``) only what ran there: a property none of whose units ran prints nothing, one
+    that ran some of its units names their dtypes and says how those went."""
+    units = result.units or []
+    ran = [(dtype, r) for dtype, r in units if r is not None]
+    label = ""
+    if len(ran) < len(units):
+        if not ran:
+            return
+        result = combine(result.property, result.claimed, ran)
+        label = f" [{', '.join(dtype for dtype, _ in ran)}]"
+    print(f"  {target}: {result.property}{label} … {result.status} "
+          f"({result.examples} examples, {result.elapsed_s:.2f}s)", file=sys.stderr, flush=True)
 
 
 def _largest(ratios: list) -> float:

@@ -13,7 +13,7 @@ import dataclasses
 import sys
 
 from attnverify import report
-from attnverify.certify import example_database, fix_reference, fix_temperature
+from attnverify.certify import example_database, fix_reference, fix_temperature, progress_line
 from attnverify.isolation import certify_all
 from attnverify.jobs import job_count, run_jobs
 from attnverify.registry import builtin_ids, parse_params
@@ -46,7 +46,7 @@ def run_certify(args) -> int:
         return report.finish_certify(args, data, xfails)
     planned = []
     results = certify_all(targets, params, claims, ctx,
-                          progress=None if args.quiet else _progress,
+                          progress=None if args.quiet else progress_line,
                           before_run=None if xfails is None else
                           (lambda ids: check_entries(xfails, ids)),
                           shard=shard, on_shard=planned.append)
@@ -69,8 +69,3 @@ def _database_lost(text: str) -> None:
     if database.lost:
         print(f"attnverify: the example database {database.where} was lost during the run "
               f"({database.lost}); the run went on without it", file=sys.stderr)
-
-
-def _progress(target: str, result) -> None:
-    print(f"  {target}: {result.property} … {result.status} "
-          f"({result.examples} examples, {result.elapsed_s:.2f}s)", file=sys.stderr, flush=True)

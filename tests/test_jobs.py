@@ -12,6 +12,7 @@ import time
 import pytest
 
 from attnverify import jobs, remote
+from attnverify.certify import PropertyResult, combine, progress_line
 from attnverify.cli import main
 
 RUN = ["softmax", "sparsemax", "--profile", "dev", "--max-examples", "3", "--claims", "", "--quiet"]
@@ -208,3 +209,20 @@ def norm(scores, dim=-1):
         except (OSError, ValueError):
             continue
     assert not left, f"processes of the run outlived it: {left}"
+
+
+def test_a_job_prints_only_the_units_it_ran(capsys):
+    """A job's progress line says what ran in it: nothing for a property whose units all ran
+    elsewhere, the dtypes and their own status for one split between jobs."""
+    def unit(status, examples):
+        return PropertyResult("simplex", True, status, examples=examples, elapsed_s=0.5)
+
+    split = combine("simplex", True, [("float32", unit("holds", 7)), ("float64", None)])
+    assert split.status == "not_checked"  # the partial result itself
+    progress_line("t", split)
+    progress_line("t", combine("simplex", True, [("float32", None), ("float64", None)]))
+    progress_line("t", combine("simplex", True, [("float32", unit("violated", 3)),
+                                                 ("float64", unit("holds", 4))]))
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["  t: simplex [float32] … holds (7 examples, 0.50s)",
+                   "  t: simplex … violated (7 examples, 1.00s)"]

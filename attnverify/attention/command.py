@@ -13,8 +13,8 @@ import dataclasses
 
 from attnverify import remote, report
 from attnverify.attention.loader import load_attention
-from attnverify.attention.run import certify_attention, progress_line, resolve_claims, units_of
-from attnverify.certify import TargetResult
+from attnverify.attention.run import certify_attention, resolve_claims, units_of
+from attnverify.certify import TargetResult, progress_line
 from attnverify.errors import UsageError
 from attnverify.isolation import close, open_targets
 from attnverify.jobs import job_count, run_jobs

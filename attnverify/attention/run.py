@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
-import sys
 import time
 
 from attnverify.attention.lift import lift
@@ -223,6 +222,3 @@ def repro_line(a: AttentionSpec, prop_id: str, recipe: dict) -> str:
             f"{shlex.quote(json.dumps(recipe, sort_keys=True))}{ref}{params}")
 
 
-def progress_line(target: str, result) -> None:
-    print(f"  {target}: {result.property} … {result.status} "
-          f"({result.examples} examples, {result.elapsed_s:.2f}s)", file=sys.stderr, flush=True)
