@@ -15,7 +15,7 @@ import sys
 from attnverify import report
 from attnverify.certify import example_database, fix_reference, fix_temperature, progress_line
 from attnverify.isolation import certify_all
-from attnverify.jobs import job_count, run_jobs
+from attnverify.jobs import job_count, mark_clean, run_jobs
 from attnverify.registry import builtin_ids, parse_params
 from attnverify.runconfig import context_from_args
 from attnverify.shard import check_options
@@ -24,6 +24,7 @@ from attnverify.xfails import check_entries, load_xfails
 
 def run_certify(args) -> int:
     # every option checked here, before any work (loading the targets comes next)
+    mark_clean()  # before any tensor operation: what --jobs may fork (attnverify.jobs)
     ctx = context_from_args(args)
     report.check_outputs(json=args.json_path, markdown=args.markdown_path)
     params = parse_params(args.params)

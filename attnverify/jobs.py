@@ -131,11 +131,34 @@ def run_jobs(argv: list[str], n: int, ctx, *, quiet: bool) -> dict:
     return data
 
 
+#: This process's native threads when its command began, before any tensor operation
+#: (:func:`mark_clean`); ``None``: not recorded, or not countable here.
+_CLEAN_THREADS: int | None = None
+
+
+def _native_threads() -> int | None:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
+
+
+def mark_clean() -> None:
+    """Record this process's native threads now: called by a certify command when it begins,
+    torch imported and no tensor operation run yet (importing torch starts a thread of its own;
+    its first parallel operation starts OpenMP's, which a forked child could never use)."""
+    global _CLEAN_THREADS
+    _CLEAN_THREADS = _native_threads()
+
+
 def _can_fork() -> bool:
     """Whether the jobs can be forked from this process: a POSIX system, this process alone on
-    its thread (a fork copies only the forking thread; a lock another one held would stay
-    held in the child)."""
-    return hasattr(os, "fork") and threading.active_count() == 1
+    its Python thread and with no native thread beyond those it had when its command began
+    (:func:`mark_clean`). A fork copies only the forking thread: a lock another one held stays
+    held in the child, and OpenMP's pool, started by the parent's first parallel operation,
+    hangs the child's first one."""
+    return (hasattr(os, "fork") and threading.active_count() == 1
+            and _CLEAN_THREADS is not None and _native_threads() == _CLEAN_THREADS)
 
 
 def _spawned_jobs(commands: list[list[str]], quiet: bool) -> list[tuple[int, bytes | None]]:
@@ -178,9 +201,11 @@ def _forked_jobs(commands: list[list[str]], tmp: str,
                 if pids:
                     raise
                 return None
+            parent = os.getpid()
             try:
                 pid = os.fork()
                 if pid == 0:
+                    _tied_to(parent)
                     _job_main(command, zpid, zsock, err if quiet else None,
                               os.path.join(tmp, f"usage{len(pids) + 1}"))
             finally:
@@ -208,6 +233,17 @@ def _read(path: str) -> bytes | None:
             return fh.read()
     except OSError:
         return None
+
+
+def _tied_to(parent: int) -> None:
+    """In a forked job: Ctrl-C left to the parent (which kills the jobs: one ``interrupted``
+    line, not one per job), and killed with the parent if it dies first."""
+    from attnverify.worker import PR_SET_PDEATHSIG, _prctl  # dispatch: imported by remote
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(1)
 
 
 def _job_main(command: list[str], zpid: int, zsock, err: str | None, usage: str) -> None:

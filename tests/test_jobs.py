@@ -226,3 +226,32 @@ def test_a_job_prints_only_the_units_it_ran(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err == ["  t: simplex [float32] … holds (7 examples, 0.50s)",
                    "  t: simplex … violated (7 examples, 1.00s)"]
+
+
+_THREADS = "len(os.listdir('/proc/self/task'))"
+
+
+def test_the_command_modules_start_no_thread_a_fork_would_lose():
+    """Jobs are forked only from a process whose native threads are those it had when its
+    command began (``mark_clean``): importing the command modules must run no parallel tensor
+    operation (OpenMP's pool, which a forked job could never use, would hang it)."""
+    code = (f"import os, torch; n = {_THREADS}; "
+            "import attnverify.certify_command, attnverify.attention.command, attnverify.checks; "
+            f"print(n, {_THREADS})")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    before, after = done.stdout.split()
+    assert before == after
+
+
+def test_no_fork_after_a_parallel_operation():
+    """After a parallel operation has started OpenMP's threads the jobs are new processes
+    (forked, each would hang at its first parallel operation)."""
+    code = ("import os, torch; from attnverify import jobs; jobs.mark_clean(); "
+            "a = jobs._can_fork(); torch.set_num_threads(2); "
+            "torch.softmax(torch.randn(2000, 2000), -1); print(a, jobs._can_fork())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False"]

@@ -17,7 +17,7 @@ from attnverify.attention.run import certify_attention, resolve_claims, units_of
 from attnverify.certify import TargetResult, progress_line
 from attnverify.errors import UsageError
 from attnverify.isolation import close, open_targets
-from attnverify.jobs import job_count, run_jobs
+from attnverify.jobs import job_count, mark_clean, run_jobs
 from attnverify.registry import builtins, parse_params
 from attnverify.runconfig import context_from_args
 from attnverify.shard import check_options, make_shard
@@ -29,6 +29,7 @@ def split(text: str | None) -> list[str]:
 
 
 def run_certify(args) -> int:
+    mark_clean()  # before any tensor operation: what --jobs may fork (attnverify.jobs)
     targets = split(args.attention) + list(args.targets or [])
     if not targets:
         raise UsageError("--attention needs at least one target (see 'attnverify list')")
