@@ -161,8 +161,11 @@ def progress_line(target: str, result: PropertyResult) -> None:
             return
         result = combine(result.property, result.claimed, ran)
         label = f" [{', '.join(dtype for dtype, _ in ran)}]"
-    print(f"  {target}: {result.property}{label} … {result.status} "
-          f"({result.examples} examples, {result.elapsed_s:.2f}s)", file=sys.stderr, flush=True)
+    # one write of the whole line: the jobs of a run share standard error, and print's
+    # separate write of the newline would let another job's line in before it
+    sys.stderr.write(f"  {target}: {result.property}{label} … {result.status} "
+                     f"({result.examples} examples, {result.elapsed_s:.2f}s)\n")
+    sys.stderr.flush()
 
 
 def _largest(ratios: list) -> float:
