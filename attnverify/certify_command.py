@@ -15,7 +15,7 @@ import sys
 from attnverify import report
 from attnverify.certify import example_database, fix_reference, fix_temperature, progress_line
 from attnverify.isolation import certify_all
-from attnverify.jobs import job_count, mark_clean, run_jobs
+from attnverify.jobs import certify_on_jobs, mark_clean
 from attnverify.registry import builtin_ids, parse_params
 from attnverify.runconfig import context_from_args
 from attnverify.shard import check_options
@@ -38,13 +38,9 @@ def run_certify(args) -> int:
     xfails = load_xfails(args.xfails) if args.xfails else None
     shard = check_shard(args, ctx)
     targets = args.targets or builtin_ids()
-    jobs = job_count(args, targets)
-    if jobs > 1:  # the same units on several checker processes, merged (attnverify.jobs)
-        data = run_jobs(args.argv, jobs, ctx, quiet=args.quiet)
-        if xfails is not None:
-            check_entries(xfails, [f"{t['target']}::{r['property']}" for t in data["targets"]
-                                   for r in t["results"]])
-        return report.finish_certify(args, data, xfails)
+    code = certify_on_jobs(args, targets, ctx, xfails)  # the units on several processes
+    if code is not None:
+        return code
     planned = []
     results = certify_all(targets, params, claims, ctx,
                           progress=None if args.quiet else progress_line,

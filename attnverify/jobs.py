@@ -94,6 +94,24 @@ def job_argv(argv: list[str], k: int, n: int, seed: int, part: str, quiet: bool)
             *(["--quiet"] if quiet else [])]
 
 
+def certify_on_jobs(args, targets: list[str], ctx, xfails) -> int | None:
+    """A certify run (normalizers or ``--attention``) on its jobs (:func:`job_count`): its
+    certificate written and printed as a serial run's, and its exit code; ``None`` where the run
+    takes one job (the caller runs it)."""
+    jobs = job_count(args, targets)
+    if jobs == 1:
+        return None
+    # dispatch: what writes a certificate (torch), imported by the command that calls this
+    from attnverify import report
+    from attnverify.xfails import check_entries
+
+    data = run_jobs(args.argv, jobs, ctx, quiet=args.quiet)
+    if xfails is not None:
+        check_entries(xfails, [f"{t['target']}::{r['property']}" for t in data["targets"]
+                               for r in t["results"]])
+    return report.finish_certify(args, data, xfails)
+
+
 def run_jobs(argv: list[str], n: int, ctx, *, quiet: bool) -> dict:
     """Run the certify command ``argv`` as ``n`` jobs and return the merged certificate (as the
     serial run writes it: no ``merged_from``, this process's pid). Each job's progress lines go to

@@ -152,18 +152,11 @@ class Zygote:
         """A new worker: ``(pid, its channel, what its sandbox is)`` (:mod:`attnverify.sandbox`,
         applied by the worker before it loads anything, reported through the zygote)."""
 
-        mine, theirs = socket.socketpair()
-        try:
-            reply = self.request({"op": "fork", "cwd": os.getcwd(), "env": dict(os.environ),
-                                  "path": [str(p) for p in sys.path],
-                                  "memory_limit": bool(memory_limit),
-                                  "sandbox": settings.sandbox_enabled()}, (theirs.fileno(),))
-        finally:
-            theirs.close()
-        pid = reply.get("pid")
-        if type(pid) is not int or pid <= 1 or pid in (os.getpid(), self.pid):
-            mine.close()
-            raise WorkerFailed("the zygote answered a fork with no worker")
+        reply, pid, mine = self._forked({"op": "fork", "cwd": os.getcwd(),
+                                         "env": dict(os.environ),
+                                         "path": [str(p) for p in sys.path],
+                                         "memory_limit": bool(memory_limit),
+                                         "sandbox": settings.sandbox_enabled()}, "worker")
         sandbox = reply.get("sandbox")
         return pid, mine, sandbox if isinstance(sandbox, str) else "none: not reported"
 
@@ -172,16 +165,22 @@ class Zygote:
         the checker's end of its channel)``, its hello's answer still to read (:meth:`adopt`).
         It is forked, torch already imported, so a job's workers start without importing it
         again."""
+        _reply, pid, mine = self._forked({"op": "clone"}, "process")
+        return pid, mine
+
+    def _forked(self, message: dict, what: str) -> tuple[dict, int, socket.socket]:
+        """Send ``message`` (a request that forks) with one end of a new socket pair: ``(the
+        answer, the new process's pid, this process's end)``."""
         mine, theirs = socket.socketpair()
         try:
-            reply = self.request({"op": "clone"}, (theirs.fileno(),))
+            reply = self.request(message, (theirs.fileno(),))
         finally:
             theirs.close()
         pid = reply.get("pid")
         if type(pid) is not int or pid <= 1 or pid in (os.getpid(), self.pid):
             mine.close()
-            raise WorkerFailed("the zygote answered a clone with no process")
-        return pid, mine
+            raise WorkerFailed(f"the zygote answered a {message['op']} with no {what}")
+        return reply, pid, mine
 
     def adopt(self, pid: int, sock: socket.socket) -> None:
         """In a forked checker (a job): take the clone ``(pid, sock)`` (:meth:`clone`) as this

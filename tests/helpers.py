@@ -1,6 +1,8 @@
-"""Numeric helpers shared by the test modules (pytest puts this folder on ``sys.path``)."""
+"""Helpers shared by the test modules (pytest puts this folder on ``sys.path``)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -19,3 +21,27 @@ def close(actual, expected, what: str, tol: Tol = TOL, rtol: float | None = None
         atol=tol.atol,
         msg=lambda m: f"{what}: {m}",
     )
+
+
+def daemonizing_target(folder: Path) -> tuple[str, Path]:
+    """``(target, pid file)``: a user's normalizer in ``folder`` that, at its first call, leaves
+    a daemon behind (double fork, new session, sleeping 600 s) and writes its pid to the file."""
+    pidfile = folder / "daemon.pid"
+    source = folder / "daemonizes.py"
+    source.write_text(f"""
+import os, time, torch
+def norm(scores, dim=-1):
+    if not os.path.exists({str(pidfile)!r}):
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                with open({str(pidfile)!r} + ".tmp", "w") as fh:
+                    fh.write(str(os.getpid()))
+                os.replace({str(pidfile)!r} + ".tmp", {str(pidfile)!r})
+                time.sleep(600)
+            os._exit(0)
+        while not os.path.exists({str(pidfile)!r}):
+            time.sleep(0.01)
+    return torch.softmax(scores, dim)
+""")
+    return f"{source}:norm", pidfile

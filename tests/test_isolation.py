@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import daemonizing_target
 
 from attnverify import remote, wire
 from attnverify.cli import main
@@ -212,25 +213,8 @@ def test_nothing_outlives_the_run(capsys, tmp_path, monkeypatch):
     """A target that leaves a daemon behind (double fork, new session): the daemon is killed
     before certify writes its certificate."""
     monkeypatch.setenv("ATTNVERIFY_SANDBOX_WRITABLE", str(tmp_path))  # its pid file
-    pidfile = tmp_path / "daemon.pid"
-    source = tmp_path / "daemonizes.py"
-    source.write_text(f"""
-import os, time, torch
-def norm(scores, dim=-1):
-    if not os.path.exists({str(pidfile)!r}):
-        if os.fork() == 0:
-            os.setsid()
-            if os.fork() == 0:
-                with open({str(pidfile)!r} + ".tmp", "w") as fh:
-                    fh.write(str(os.getpid()))
-                os.replace({str(pidfile)!r} + ".tmp", {str(pidfile)!r})
-                time.sleep(600)
-            os._exit(0)
-        while not os.path.exists({str(pidfile)!r}):
-            time.sleep(0.01)
-    return torch.softmax(scores, dim)
-""")
-    code, data = certify(capsys, tmp_path, f"{source}:norm", "--claims", "")
+    target, pidfile = daemonizing_target(tmp_path)
+    code, data = certify(capsys, tmp_path, target, "--claims", "")
     pid = int(pidfile.read_text())
     assert not _alive(pid), "a process the target started outlived the run"
 

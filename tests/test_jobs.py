@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from helpers import daemonizing_target
 
 from attnverify import jobs, remote
 from attnverify.certify import PropertyResult, combine, progress_line
@@ -175,26 +176,9 @@ def test_nothing_of_a_run_with_jobs_outlives_it(tmp_path):
     """A target that leaves a daemon behind (double fork, new session), certified on two forked
     jobs: when the command has exited, no process it started is left (its zygote, the clones,
     the workers, the daemon: each found by a mark in its environment)."""
-    pidfile = tmp_path / "daemon.pid"
-    source = tmp_path / "daemonizes.py"
-    source.write_text(f"""
-import os, time, torch
-def norm(scores, dim=-1):
-    if not os.path.exists({str(pidfile)!r}):
-        if os.fork() == 0:
-            os.setsid()
-            if os.fork() == 0:
-                with open({str(pidfile)!r} + ".tmp", "w") as fh:
-                    fh.write(str(os.getpid()))
-                os.replace({str(pidfile)!r} + ".tmp", {str(pidfile)!r})
-                time.sleep(600)
-            os._exit(0)
-        while not os.path.exists({str(pidfile)!r}):
-            time.sleep(0.01)
-    return torch.softmax(scores, dim)
-""")
+    target, pidfile = daemonizing_target(tmp_path)
     mark = f"attnverify-test-{os.getpid()}-{time.monotonic_ns()}"
-    done = _run("certify", f"{source}:norm", "--claims", "", "--profile", "dev",
+    done = _run("certify", target, "--claims", "", "--profile", "dev",
                 "--max-examples", "2", "--quiet", "--jobs", "2",
                 env={"ATTNVERIFY_SANDBOX_WRITABLE": str(tmp_path), "ATTNVERIFY_TEST_MARK": mark})
     assert done.returncode == 0, done.stderr

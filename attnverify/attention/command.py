@@ -17,11 +17,11 @@ from attnverify.attention.run import certify_attention, resolve_claims, units_of
 from attnverify.certify import TargetResult, progress_line
 from attnverify.errors import UsageError
 from attnverify.isolation import close, open_targets
-from attnverify.jobs import job_count, mark_clean, run_jobs
+from attnverify.jobs import certify_on_jobs, mark_clean
 from attnverify.registry import builtins, parse_params
 from attnverify.runconfig import context_from_args
 from attnverify.shard import check_options, make_shard
-from attnverify.xfails import check_entries, load_xfails
+from attnverify.xfails import load_xfails
 
 
 def split(text: str | None) -> list[str]:
@@ -39,13 +39,9 @@ def run_certify(args) -> int:
     claims = None if args.claims is None else split(args.claims)
     xfails = load_xfails(args.xfails) if args.xfails else None
     args.shard_spec = check_options(getattr(args, "shard", None), ctx, xfails=args.xfails)
-    jobs = job_count(args, targets)
-    if jobs > 1:  # the same units on several checker processes, merged (attnverify.jobs)
-        data = run_jobs(args.argv, jobs, ctx, quiet=args.quiet)
-        if xfails is not None:
-            check_entries(xfails, [f"{t['target']}::{r['property']}" for t in data["targets"]
-                                   for r in t["results"]])
-        return report.finish_certify(args, data, xfails)
+    code = certify_on_jobs(args, targets, ctx, xfails)  # the units on several processes
+    if code is not None:
+        return code
     try:
         return _certify_opened(args, targets, params, claims, ctx, xfails)
     finally:
