@@ -101,9 +101,8 @@ def certify_on_jobs(args, targets: list[str], ctx, xfails) -> int | None:
     jobs = job_count(args, targets)
     if jobs == 1:
         return None
-    # dispatch: what writes a certificate (torch), imported by the command that calls this
-    from attnverify import report
-    from attnverify.xfails import check_entries
+    from attnverify import report  # dispatch: torch, imported by the command that calls this
+    from attnverify.xfails import check_entries  # dispatch: with report
 
     data = run_jobs(args.argv, jobs, ctx, quiet=args.quiet)
     if xfails is not None:

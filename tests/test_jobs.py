@@ -78,6 +78,7 @@ def test_the_default_is_the_cores(monkeypatch):
 
     monkeypatch.delenv(jobs.JOBS_ENV, raising=False)
     monkeypatch.setattr(jobs, "cores", lambda: 2)
+    monkeypatch.setattr(jobs, "_can_fork", lambda: True)  # a command's process, no thread
     assert jobs.job_count(Args, ["softmax"]) == 2  # forked jobs split one target's units too
     assert jobs.job_count(Args, ["softmax", "sparsemax", "entmax15"]) == 2
     monkeypatch.setattr(jobs, "_can_fork", lambda: False)  # new processes: one per target

@@ -131,7 +131,7 @@ def test_a_flag_is_found_at_every_call(guard):
 def test_a_command_line_run_loads_no_hypothesis_plugin(monkeypatch):
     seen = {}
 
-    def fake(argv):
+    def fake(argv, *_):
         seen.update(plugins=cli.os.environ.get(cli.NO_PLUGINS))
         return 0
 
