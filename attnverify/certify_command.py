@@ -24,7 +24,8 @@ from attnverify.xfails import check_entries, load_xfails
 
 def run_certify(args) -> int:
     # every option checked here, before any work (loading the targets comes next)
-    mark_clean()  # before any tensor operation: what --jobs may fork (attnverify.jobs)
+    if getattr(args, "own_process", False):  # the command line's process: nothing ran before
+        mark_clean()  # before any tensor operation: what --jobs may fork (attnverify.jobs)
     ctx = context_from_args(args)
     report.check_outputs(json=args.json_path, markdown=args.markdown_path)
     params = parse_params(args.params)

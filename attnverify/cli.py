@@ -177,6 +177,7 @@ def _main(argv: list[str] | None, raise_usage: bool = False) -> int:
         parser, commands = build_parser()
         args = parser.parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # certify --jobs runs it again
+        args.own_process = argv is None  # the process's own command line (jobs may fork it)
         if not args.command:
             parser.print_help()
             return EXIT_USAGE

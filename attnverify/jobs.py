@@ -161,9 +161,12 @@ def _native_threads() -> int | None:
 
 
 def mark_clean() -> None:
-    """Record this process's native threads now: called by a certify command when it begins,
+    """Record this process's native threads now: called by a certify command when it begins in
+    a process of its own (``attnverify …``, ``python -m attnverify …``: nothing ran before it),
     torch imported and no tensor operation run yet (importing torch starts a thread of its own;
-    its first parallel operation starts OpenMP's, which a forked child could never use)."""
+    its first parallel operation starts OpenMP's, which a forked child could never use). A
+    command run by another program (``cli.main([...])``) records nothing: what that program
+    ran before is unknown, so its jobs are new processes."""
     global _CLEAN_THREADS
     _CLEAN_THREADS = _native_threads()
 

@@ -240,3 +240,20 @@ def test_no_fork_after_a_parallel_operation():
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "False"]
+
+
+def test_a_program_that_ran_parallel_work_first_gets_new_processes_as_jobs():
+    """A program that ran a parallel tensor operation (OpenMP's threads started) and then runs
+    ``certify --jobs 2`` through ``cli.main``: what ran before is unknown, so nothing is recorded
+    as the command's clean state and its jobs are new processes, not forks; the run ends."""
+    code = ("import sys, torch; torch.set_num_threads(2); "
+            "torch.softmax(torch.randn(2000, 2000), -1); from attnverify.cli import main; "
+            "from attnverify import jobs; "
+            "code = main(['certify', 'softmax', '--profile', 'dev', '--max-examples', '2', "
+            "'--claims', '', '--quiet', '--jobs', '2']); "
+            "print('clean', jobs._CLEAN_THREADS, jobs._can_fork()); sys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("CERTIFIED") == 1
+    assert "clean None False" in done.stdout

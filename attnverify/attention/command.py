@@ -29,7 +29,8 @@ def split(text: str | None) -> list[str]:
 
 
 def run_certify(args) -> int:
-    mark_clean()  # before any tensor operation: what --jobs may fork (attnverify.jobs)
+    if getattr(args, "own_process", False):  # the command line's process: nothing ran before
+        mark_clean()  # before any tensor operation: what --jobs may fork (attnverify.jobs)
     targets = split(args.attention) + list(args.targets or [])
     if not targets:
         raise UsageError("--attention needs at least one target (see 'attnverify list')")
