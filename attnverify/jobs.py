@@ -213,6 +213,7 @@ def _forked_jobs(commands: list[list[str]], tmp: str,
     sys.stderr.flush()
     pids: list[int] = []
     errs = [os.path.join(tmp, f"stderr{k}") for k in range(1, len(commands) + 1)]
+    parent = os.getpid()
     try:
         for command, err in zip(commands, errs):
             try:
@@ -221,7 +222,6 @@ def _forked_jobs(commands: list[list[str]], tmp: str,
                 if pids:
                     raise
                 return None
-            parent = os.getpid()
             try:
                 pid = os.fork()
                 if pid == 0:
@@ -231,7 +231,7 @@ def _forked_jobs(commands: list[list[str]], tmp: str,
             finally:
                 zsock.close()
             pids.append(pid)
-        codes = [_exit_code(os.waitpid(pid, 0)[1]) for pid in pids]
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
     except BaseException:
         for pid in pids:
             try:
@@ -303,7 +303,3 @@ def _job_main(command: list[str], zpid: int, zsock, err: str | None, usage: str)
             sys.stderr.flush()
         finally:
             os._exit(code)
-
-
-def _exit_code(status: int) -> int:
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
