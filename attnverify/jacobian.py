@@ -487,39 +487,58 @@ def _power(lin: Linearization, v0: Tensor, steps: int, tol: float):
 # Entry-wise norms, by blocks of columns
 
 
-def _direct_jvp(f: RowMap, z: Tensor) -> Callable[[Tensor], Tensor] | None:
-    """``v ↦ J·v`` at the rows ``z`` from ``f.products(z)`` where ``f`` offers it (a row map of
-    a function behind the process boundary: one request per product, where ``torch.func.jvp``
-    through the proxy makes two), else ``None``."""
+def _direct_products(f: RowMap, z: Tensor) -> tuple | None:
+    """``(v ↦ J·v, u ↦ Jᵀu, …)`` at the rows ``z`` from ``f.products(z)`` where ``f`` offers it
+    (a row map of a function behind the process boundary: one request per product, where
+    ``torch.func`` through the proxy makes two), else ``None``."""
     products = getattr(f, "products", None)
     if not callable(products):
         return None
     try:
-        return products(z)[0]
+        return products(z)
     except Exception:  # noqa: BLE001 - no direct products: torch.func, as without them
         return None
 
 
 def _blocks(f: RowMap, z: Tensor, block: int | None) -> Iterator[tuple[Tensor, int]]:
-    """Column blocks (axis ``-1``) by forward mode, or row blocks (axis ``-2``) by reverse mode.
+    """Row blocks (axis ``-2``) by reverse mode, or column blocks (axis ``-1``) by forward mode.
 
-    A block of ``k`` columns is one batch of ``k`` products (the rows repeated ``k`` times, copy
-    ``j`` with the tangent ``e_{c0+j}``): one request where ``f`` offers direct products
-    (:func:`_direct_jvp`), else ``torch.func.jvp``. Where the first block fails the direct way,
-    ``torch.func`` is tried, and where that fails too, reverse mode (as in
-    :class:`Linearization`)."""
+    A block of ``k`` rows of ``J`` is one batch of ``k`` reverse-mode products (the rows
+    repeated ``k`` times, copy ``j`` with the cotangent ``e_{r0+j}``: ``Jᵀe_i`` is row ``i``),
+    one request where ``f`` offers direct products (:func:`_direct_products`): the worker's
+    backward is cheaper than its forward mode, in which torch 2.13 runs Python meta functions
+    for every op with a constant operand. Where that fails at the first block, or ``f`` offers
+    no direct products, a block of ``k`` columns is one batch of ``k`` forward-mode products
+    (tangent ``e_{c0+j}``): direct where offered, else ``torch.func.jvp``; and where forward
+    mode fails too, reverse mode through ``f`` itself (as in :class:`Linearization`)."""
     shape, length = z.shape[:-1], z.shape[-1]
     rows = z.detach().reshape(-1, length)
     R = len(rows)
     k = block or max(1, min(length, BLOCK_ELEMENTS // max(1, R * length)))
     repeated = rows.repeat(k, 1)
-    direct = _direct_jvp(f, repeated)
-    for c0 in range(0, length, k):
-        width = min(k, length - c0)
+    products = _direct_products(f, repeated)
+
+    def basis_block(start: int) -> tuple[Tensor, int]:
+        width = min(k, length - start)
         basis = rows.new_zeros(k, R, length)
-        cols = torch.arange(width, device=rows.device)
-        basis[cols, :, c0 + cols] = 1.0
-        tangent = basis.reshape(k * R, length)
+        idx = torch.arange(width, device=rows.device)
+        basis[idx, :, start + idx] = 1.0
+        return basis.reshape(k * R, length), width
+
+    if products is not None:
+        r0 = 0
+        try:
+            for r0 in range(0, length, k):
+                cotangent, width = basis_block(r0)
+                g = products[1](cotangent).reshape(k, R, length)[:width]
+                yield g.transpose(0, 1).reshape(shape + (width, length)), -2
+            return
+        except Exception:  # noqa: BLE001 - no reverse mode there: forward mode, as before
+            if r0:
+                raise
+    direct = None if products is None else products[0]
+    for c0 in range(0, length, k):
+        tangent, width = basis_block(c0)
         out = None
         if direct is not None:
             try:
@@ -545,8 +564,9 @@ def _blocks(f: RowMap, z: Tensor, block: int | None) -> Iterator[tuple[Tensor, i
 
 def dense_jacobian(f: RowMap, z: Tensor, *, block: int | None = None) -> Tensor:
     """Every row's full Jacobian ``[..., L, L]`` (``J[..., i, k] = ∂f_i/∂z_k``); for small L.
-    Behind the process boundary each column block (:func:`_blocks`; one block holds all ``L``
-    columns of one row up to ``L = 2048``) is one request."""
+    Behind the process boundary each block (:func:`_blocks`: rows of ``J`` by reverse mode, or
+    columns by forward mode; one block holds all ``L`` of one row up to ``L = 2048``) is one
+    request."""
     parts = list(_blocks(f, z, block))
     if not parts:
         return z.new_zeros(z.shape + (z.shape[-1],))

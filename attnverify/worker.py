@@ -11,7 +11,8 @@ target only through the requests of :mod:`attnverify.wire`, which this module an
   gradient is itself differentiable);
 - ``vjp2``: the derivative of ``⟨vjp, outer⟩`` (double backward), with respect to the inputs and
   to the cotangent;
-- ``jvp``: a Jacobian–vector product by forward mode (``torch.func.jvp``).
+- ``jvp``: a Jacobian–vector product by forward mode (``torch.func.jvp``);
+- ``normal``: ``J·v`` and ``Jᵀu`` (``u`` the unit direction of ``J·v``), a step of Lanczos.
 
 Every request gets its inputs in fresh storage with the layout the checker gave (sizes, strides,
 storage offset), and the inputs of recent calls stay alive, so no address is reused while a
@@ -826,12 +827,11 @@ class Server:
         return self.accept(list(self._guarded(effects, True, second)), message, tensors)
 
     def _jvp(self, fn, args, kwargs, tensors, message, effects):
+        """``J·v`` by forward mode (``torch.func.jvp``): the target's own forward-mode AD, which
+        the ``gradient`` property checks; :meth:`_normal` may take another way."""
         import torch.func  # worker: torch loads in the zygote, after this
 
-        wrt = _indices(message.get("wrt"), len(tensors))
-        tangents = [tensors[i] for i in _indices(message.get("tangents"), len(tensors))]
-        if len(tangents) != len(wrt):
-            raise wire.ProtocolError("jvp needs one tangent per input")
+        wrt, tangents = self._tangents(tensors, message)
 
         def forward(*primals):
             full = list(tensors)
@@ -840,24 +840,69 @@ class Server:
             return fn(*args(full), **kwargs(full))
 
         def run():
-            _, tangent = torch.func.jvp(forward, tuple(tensors[i] for i in wrt), tuple(tangents))
+            _, tangent = torch.func.jvp(forward, tuple(tensors[i].detach() for i in wrt),
+                                        tuple(tangents))
             return tangent
 
         return self.accept([self._guarded(effects, False, run)], message, tensors)
 
+    @staticmethod
+    def _tangents(tensors, message):
+        wrt = _indices(message.get("wrt"), len(tensors))
+        tangents = [tensors[i] for i in _indices(message.get("tangents"), len(tensors))]
+        if len(tangents) != len(wrt):
+            raise wire.ProtocolError("jvp needs one tangent per input")
+        return wrt, tangents
+
+    def _reverse_product(self, fn, args, kwargs, tensors, message, effects):
+        """``(J·v, out, wrt)`` by reverse over reverse, on one recorded forward pass ``(out,
+        wrt)`` (:meth:`_graph`): ``g = Jᵀw`` with a graph, then ``J·v = ∂⟨g, v⟩/∂w`` (``g`` is
+        linear in ``w``, so ``w = 0`` serves); ``J·v`` is ``None`` where the backward is not
+        differentiable (``once_differentiable``, unrecorded, no path from ``w``) or raises, or
+        the output carries no graph. In torch 2.13 it is faster than forward mode for common
+        code: there the zero tangent of a constant operand (``x / T``, ``x − max``) is an
+        ``_efficientzerotensor`` whose kernels run torch's Python meta functions at every op."""
+        import torch  # worker: torch loads in the zygote, after this
+
+        wrt, tangents = self._tangents(tensors, message)
+        if any(tensors[i] is t for i in wrt for t in tangents):
+            raise wire.ProtocolError("a jvp whose tangent is its input")
+        out, inputs = self._graph(fn, args, kwargs, tensors, message, effects)
+        if not out.requires_grad:
+            return None, out, inputs
+
+        def reverse_over_reverse():
+            w = torch.zeros_like(out, requires_grad=True)
+            gs = torch.autograd.grad(out, inputs, w, create_graph=True, allow_unused=True)
+            if any(g is None or not g.requires_grad for g in gs):
+                return None
+            return torch.autograd.grad(gs, w, tangents, retain_graph=True, allow_unused=True)[0]
+
+        try:
+            return self._guarded(effects, True, reverse_over_reverse), out, inputs
+        except Raised:
+            return None, out, inputs
+
     def _normal(self, fn, args, kwargs, tensors, message, effects):
         """``J·v`` and ``Jᵀu`` in one request, ``u`` the unit direction of ``J·v`` per row (last
         dimension; zero where ``J·v`` is), over the outputs ``keep`` marks (a 0/1 tensor of the
-        output's shape: zero elsewhere) where the message names one: the forward-mode product
-        of :meth:`_jvp`, then the reverse-mode product with ``u`` as the cotangent. Two passes
-        of the target, as the two requests they replace; ``u`` is a unit vector so that
-        ``JᵀJv`` of a tiny Jacobian does not underflow."""
+        output's shape: zero elsewhere) where the message names one. ``J·v`` by reverse over
+        reverse (:meth:`_reverse_product`; both products then come from the target's backward,
+        consistent with each other), else by forward mode (:meth:`_jvp`); then the reverse-mode
+        product with ``u`` as the cotangent, on the same recorded forward pass where there is
+        one. ``u`` is a unit vector so that ``JᵀJv`` of a tiny Jacobian does not underflow."""
         import torch  # worker: torch loads in the zygote, after this
 
         expect = message.get("expect")
         if not isinstance(expect, list) or len(expect) != 2:
             raise wire.ProtocolError("a normal request without two expectations")
-        (jv,) = self._jvp(fn, args, kwargs, tensors, {**message, "expect": expect[:1]}, effects)
+        jv, out, wrt = self._reverse_product(fn, args, kwargs, tensors, message, effects)
+        if jv is None:  # forward mode, as the jvp request; then the forward pass again
+            (jv,) = self._jvp(fn, args, kwargs, tensors, {**message, "expect": expect[:1]},
+                              effects)
+            out = None
+        else:
+            (jv,) = self.accept([jv], {"expect": expect[:1]}, tensors)
         cotangent = jv
         if message.get("keep") is not None:
             keep = tensors[_index(message["keep"], len(tensors))]
@@ -870,7 +915,8 @@ class Server:
         norm = torch.linalg.vector_norm(cotangent / top, dim=-1, keepdim=True) * top
         live = norm > 0
         u = torch.where(live, cotangent / torch.where(live, norm, torch.ones_like(norm)), 0.0)
-        out, wrt = self._graph(fn, args, kwargs, tensors, message, effects)
+        if out is None:
+            out, wrt = self._graph(fn, args, kwargs, tensors, message, effects)
         grads = self._guarded(effects, False, lambda: _grad(out, wrt, u, False))
         return [jv, *self.accept(list(grads), {"expect": expect[1:]}, tensors)]
 

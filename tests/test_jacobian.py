@@ -470,6 +470,48 @@ def test_a_proxy_lanczos_step_is_one_request_and_its_products_are_torch_funcs():
         remote.shutdown()
 
 
+@pytest.mark.parametrize("name", ["wrong_jvp_softmax", "once_with_jvp"])
+def test_a_proxy_lanczos_step_takes_the_backward_where_it_is_differentiable(name):
+    """A Lanczos step (``normal``) makes J·v by reverse over reverse where the target's backward
+    is differentiable, so both of its products come from the backward: on a softmax whose own
+    forward mode forgets T, the step's J·v is the backward's (right) one, while the ``jvp``
+    request, which the ``gradient`` property checks, still gives the target's forward mode.
+    Where the backward is once-differentiable, the step falls back to forward mode, in the
+    same one request."""
+    from pathlib import Path
+
+    from attnverify import remote
+    from attnverify.quantities import Case
+    from attnverify.runconfig import make_context
+
+    fixtures = Path(__file__).parent / "fixtures"
+    module = "planted_trust.py" if name == "wrong_jvp_softmax" else "user_normalizers.py"
+    spec = remote.open_normalizer(f"{fixtures / module}:{name}", {}, make_context("dev"))
+    try:
+        calls = _counting(spec)
+        g = gen(11)
+        row = torch.randn(12, generator=g, dtype=F64)
+        f, z = Case(spec, row, 0.5).free_map
+        z = z.unsqueeze(0)
+        lin = jacobian.linearize(f, z)
+        v = torch.randn(1, z.shape[-1], generator=g, dtype=F64)
+        truth = torch.func.jvp(lambda x: torch.softmax(x / 0.5, -1), (z,), (v,))[1]
+        before = calls()
+        jv, jtu = lin.normal(v)
+        assert calls() - before == 1 and lin.mode == "direct"
+        close(jv, truth, "J·v of a Lanczos step")
+        u = truth / torch.linalg.vector_norm(truth)
+        close(jtu, torch.func.vjp(lambda x: torch.softmax(x / 0.5, -1), z)[1](u)[0], "Jᵀu")
+        forward_mode = lin.jvp(v)
+        if name == "wrong_jvp_softmax":
+            close(forward_mode, truth * 0.5, "the target's own forward mode")
+        else:
+            close(forward_mode, truth, "the target's own forward mode")
+    finally:
+        remote.channel_of(spec).close()
+        remote.shutdown()
+
+
 def _counting(spec):
     monitor = spec.fn.channel.monitor
     return lambda: monitor.calls
