@@ -21,10 +21,15 @@ time of the whole process
 tree (``getrusage(RUSAGE_CHILDREN)``: checker, zygote and workers; a process its parent never waits
 for, as a multiprocessing forkserver, is adopted by this process as their subreaper and waited
 for here, so it is counted too), its peak memory (proportional set
-size of checker, zygote and workers together, sampled every 0.2 s with psutil; without psutil, the
-largest single process's resident size) and the ratios of the medians::
+size of checker, zygote and workers together, sampled every ``--sample-s`` seconds (default 1) with
+psutil; without psutil, or with ``--sample-s 0``, the largest single process's resident size) and
+the ratios of the medians. Sampling is not free: each sample lists the tree and reads every
+process's ``smaps_rollup``, which walks its page tables; every 0.2 s it took about a fifth of a
+core from a run of eight large processes on two cores, so time a close comparison with
+``--sample-s 0`` as well::
 
     python benchmarks/certify_budget.py --side-by-side /tmp/base7e [--rounds 2] [--only NAME,...]
+        [--sample-s 1]
 """
 
 from __future__ import annotations
@@ -124,8 +129,8 @@ def attn(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_
 
 def _pss(p) -> int:
     """The proportional set size of the psutil process ``p`` in bytes, from
-    ``/proc/PID/smaps_rollup`` (one summed record, far less to read every 0.2 s than the whole
-    ``smaps`` that ``memory_full_info`` parses), else psutil's."""
+    ``/proc/PID/smaps_rollup`` (one summed record, far less to read at every sample than the
+    whole ``smaps`` that ``memory_full_info`` parses), else psutil's."""
     try:
         with open(f"/proc/{p.pid}/smaps_rollup", encoding="ascii") as f:
             for line in f:
@@ -174,12 +179,16 @@ def _reap_orphans(wait_s: float = 15.0) -> None:
         time.sleep(0.05)
 
 
-def _measure(argv: list[str], tree: str, cwd: str) -> tuple[float, float, float, int]:
+def _measure(argv: list[str], tree: str, cwd: str,
+             sample_s: float = 1.0) -> tuple[float, float, float, int]:
     """``(wall seconds, CPU seconds, peak MiB, exit code)`` of ``python -m attnverify argv`` run
     from ``tree``. The CPU seconds are those of the whole process tree: every descendant is
     reaped by its parent, or adopted and reaped here (:func:`_adopt_orphans`), so its time is in
     ``getrusage(RUSAGE_CHILDREN)``; the memory is the peak of the tree's proportional set size
-    (a forked worker's pages shared with its zygote counted once), sampled with psutil."""
+    (a forked worker's pages shared with its zygote counted once), sampled with psutil every
+    ``sample_s`` seconds; with ``sample_s`` 0 (or no psutil) the largest single process's peak
+    resident size, which the kernel keeps (``ru_maxrss`` of ``wait4``: the command's process
+    and the descendants it waited for)."""
     env = dict(os.environ, PYTHONPATH=tree)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
@@ -189,6 +198,8 @@ def _measure(argv: list[str], tree: str, cwd: str) -> tuple[float, float, float,
     try:
         import psutil  # optional: without it, the largest single process, read after it ends
     except ImportError:
+        psutil = None
+    if sample_s <= 0:
         psutil = None
     if psutil is not None:
         root = psutil.Process(proc.pid)
@@ -203,18 +214,22 @@ def _measure(argv: list[str], tree: str, cwd: str) -> tuple[float, float, float,
             except psutil.Error:
                 pass
             peak = max(peak, total)
-            time.sleep(0.2)
-    code = proc.wait()
+            time.sleep(sample_s)
+    if psutil is None:  # wait4: the peak RSS of this run's process and the children it reaped
+        _, status, usage = os.wait4(proc.pid, 0)
+        code = proc.returncode = os.waitstatus_to_exitcode(status)
+        peak = usage.ru_maxrss * 1024
+    else:
+        code = proc.wait()
     wall = time.perf_counter() - start
     _reap_orphans()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    if psutil is None:
-        peak = after.ru_maxrss * 1024
     return wall, cpu, peak / 2**20, code
 
 
-def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None) -> int:
+def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None,
+                 sample_s: float = 1.0) -> int:
     _adopt_orphans()
     here = str(Path(__file__).resolve().parents[1])
     base = str(Path(base).resolve())
@@ -237,12 +252,14 @@ def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None)
                 if r % 2:
                     trees.reverse()  # alternate who goes first
                 for label, tree in trees:
-                    wall, cpu, rss, code = _measure(argv, tree, tmp)
+                    wall, cpu, rss, code = _measure(argv, tree, tmp, sample_s)
                     rows[(name, label)].append((wall, cpu, rss, code))
                     print(f"  round {r + 1} {name:22s} {label:4s} {wall:7.1f} s wall "
                           f"{cpu:7.1f} s cpu {rss:7.0f} MiB exit {code}", flush=True)
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cpus, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end; base: {base}")
+    print("peak MiB: " + (f"the process tree's PSS, sampled every {sample_s:g} s" if sample_s > 0
+                          else "the largest single process's peak RSS (not sampled)"))
     print(f"{'run':22s} {'tree':4s} {'median s':>9s} {'best s':>8s} {'cpu s':>7s} "
           f"{'peak MiB':>9s} {'wall this/base':>15s} {'cpu this/base':>14s}")
     summary = {}
@@ -268,6 +285,8 @@ def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None)
     if json_path:
         from attnverify.atomic import write_text_atomic
 
+        summary["memory"] = {"kind": "tree PSS, sampled" if sample_s > 0 else
+                             "largest process's peak RSS", "sample_s": sample_s}
         write_text_atomic(Path(json_path), json.dumps(summary, indent=2))
     return 0
 
@@ -282,12 +301,18 @@ def main(argv=None) -> int:
     p.add_argument("--side-by-side", default=None, metavar="BASE",
                    help="time whole command lines here and in the checkout BASE, interleaved")
     p.add_argument("--rounds", type=int, default=2, help="rounds of --side-by-side (default 2)")
+    p.add_argument("--sample-s", type=float, default=1.0,
+                   help="--side-by-side: seconds between memory samples (default 1; 0: none, "
+                        "the largest process's peak resident size instead)")
     p.add_argument("--only", default="", help="--side-by-side: these runs only (comma-separated "
                    f"names: {', '.join(n for n, _, _ in SIDE_BY_SIDE)})")
     args = p.parse_args(argv)
     if args.side_by_side:
         only = [n.strip() for n in args.only.split(",") if n.strip()]
-        return side_by_side(args.side_by_side, args.rounds, only, args.json)
+        if args.sample_s < 0:
+            print("certify_budget: --sample-s must be 0 or more", file=sys.stderr)
+            return 2
+        return side_by_side(args.side_by_side, args.rounds, only, args.json, args.sample_s)
     from attnverify.certify import make_context  # not at asv discovery
     from attnverify.isolation import certify_all
     from attnverify.registry import builtin_ids
