@@ -533,6 +533,9 @@ class Server:
         self.reference = None
         self.recent_inputs = _Recent()
         self.recent_outputs = _Recent()
+        #: Functions (``target``, ``reference``, …) whose backward is not differentiable: a
+        #: Lanczos step's ``J·v`` is made by forward mode there (:meth:`_reverse_product`).
+        self.forward_mode_only: set = set()
         self.constants = _Constants()
         #: How the target's Triton kernels run (``runtime``: ``triton``, ``triton_kernels``).
         self.triton: dict[str, str] = {}
@@ -859,16 +862,20 @@ class Server:
         wrt)`` (:meth:`_graph`): ``g = Jᵀw`` with a graph, then ``J·v = ∂⟨g, v⟩/∂w`` (``g`` is
         linear in ``w``, so ``w = 0`` serves); ``J·v`` is ``None`` where the backward is not
         differentiable (``once_differentiable``, unrecorded, no path from ``w``) or raises, or
-        the output carries no graph. In torch 2.13 it is faster than forward mode for common
-        code: there the zero tangent of a constant operand (``x / T``, ``x − max``) is an
-        ``_efficientzerotensor`` whose kernels run torch's Python meta functions at every op."""
+        the output carries no graph; ``out`` is then ``None`` where the backward raised (its
+        graph may be spent). A function whose backward was found not differentiable once is
+        not tried again (:attr:`forward_mode_only`). In torch 2.13 reverse over reverse is
+        faster than forward mode for common code: there the zero tangent of a constant operand
+        (``x / T``, ``x − max``) is an ``_efficientzerotensor`` whose kernels run torch's
+        Python meta functions at every op."""
         import torch  # worker: torch loads in the zygote, after this
 
         wrt, tangents = self._tangents(tensors, message)
         if any(tensors[i] is t for i in wrt for t in tangents):
             raise wire.ProtocolError("a jvp whose tangent is its input")
         out, inputs = self._graph(fn, args, kwargs, tensors, message, effects)
-        if not out.requires_grad:
+        name = message.get("fn", "target")
+        if not out.requires_grad or name in self.forward_mode_only:
             return None, out, inputs
 
         def reverse_over_reverse():
@@ -879,9 +886,13 @@ class Server:
             return torch.autograd.grad(gs, w, tangents, retain_graph=True, allow_unused=True)[0]
 
         try:
-            return self._guarded(effects, True, reverse_over_reverse), out, inputs
+            jv = self._guarded(effects, True, reverse_over_reverse)
         except Raised:
-            return None, out, inputs
+            self.forward_mode_only.add(name)
+            return None, None, None
+        if jv is None:
+            self.forward_mode_only.add(name)
+        return jv, out, inputs
 
     def _normal(self, fn, args, kwargs, tensors, message, effects):
         """``J·v`` and ``Jᵀu`` in one request, ``u`` the unit direction of ``J·v`` per row (last
@@ -897,10 +908,9 @@ class Server:
         if not isinstance(expect, list) or len(expect) != 2:
             raise wire.ProtocolError("a normal request without two expectations")
         jv, out, wrt = self._reverse_product(fn, args, kwargs, tensors, message, effects)
-        if jv is None:  # forward mode, as the jvp request; then the forward pass again
+        if jv is None:  # forward mode, as the jvp request
             (jv,) = self._jvp(fn, args, kwargs, tensors, {**message, "expect": expect[:1]},
                               effects)
-            out = None
         else:
             (jv,) = self.accept([jv], {"expect": expect[:1]}, tensors)
         cotangent = jv
