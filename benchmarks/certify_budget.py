@@ -29,7 +29,11 @@ core from a run of eight large processes on two cores, so time a close compariso
 ``--sample-s 0`` as well::
 
     python benchmarks/certify_budget.py --side-by-side /tmp/base7e [--rounds 2] [--only NAME,...]
-        [--sample-s 1]
+        [--sample-s 1] [--cold]
+
+Both packages are byte-compiled first (``compileall``), so the runs read ``.pyc`` files as a
+user's second run does; ``--cold`` leaves that out (where ``PYTHONDONTWRITEBYTECODE`` is set, as
+on our CI machines, every run then compiles the package's sources again).
 """
 
 from __future__ import annotations
@@ -228,11 +232,22 @@ def _measure(argv: list[str], tree: str, cwd: str,
     return wall, cpu, peak / 2**20, code
 
 
+def _compile(tree: str) -> None:
+    """Byte-compile ``tree``'s package (``compileall``; written even where
+    ``PYTHONDONTWRITEBYTECODE`` is set, which only stops imports from writing), so that a run
+    reads ``.pyc`` files as a user's second run does, not the sources a first run compiles."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(tree) / "attnverify")],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
 def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None,
-                 sample_s: float = 1.0) -> int:
+                 sample_s: float = 1.0, cold: bool = False) -> int:
     _adopt_orphans()
     here = str(Path(__file__).resolve().parents[1])
     base = str(Path(base).resolve())
+    if not cold:
+        for tree in (here, base):
+            _compile(tree)
     rows: dict[tuple[str, str], list] = defaultdict(list)
     with tempfile.TemporaryDirectory(prefix="attnverify-bench-") as tmp:
         user = Path(tmp) / "user_fn.py"
@@ -260,6 +275,8 @@ def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None,
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end; base: {base}")
     print("peak MiB: " + (f"the process tree's PSS, sampled every {sample_s:g} s" if sample_s > 0
                           else "the largest single process's peak RSS (not sampled)"))
+    print("bytecode: " + ("as the environment leaves it (--cold: no .pyc written beforehand)"
+                          if cold else "both packages byte-compiled beforehand (warm runs)"))
     print(f"{'run':22s} {'tree':4s} {'median s':>9s} {'best s':>8s} {'cpu s':>7s} "
           f"{'peak MiB':>9s} {'wall this/base':>15s} {'cpu this/base':>14s}")
     summary = {}
@@ -287,6 +304,7 @@ def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None,
 
         summary["memory"] = {"kind": "tree PSS, sampled" if sample_s > 0 else
                              "largest process's peak RSS", "sample_s": sample_s}
+        summary["bytecode"] = "as found" if cold else "compiled beforehand"
         write_text_atomic(Path(json_path), json.dumps(summary, indent=2))
     return 0
 
@@ -301,6 +319,9 @@ def main(argv=None) -> int:
     p.add_argument("--side-by-side", default=None, metavar="BASE",
                    help="time whole command lines here and in the checkout BASE, interleaved")
     p.add_argument("--rounds", type=int, default=2, help="rounds of --side-by-side (default 2)")
+    p.add_argument("--cold", action="store_true",
+                   help="--side-by-side: do not byte-compile the two packages first (with "
+                        "PYTHONDONTWRITEBYTECODE set, every run then compiles them again)")
     p.add_argument("--sample-s", type=float, default=1.0,
                    help="--side-by-side: seconds between memory samples (default 1; 0: none, "
                         "the largest process's peak resident size instead)")
@@ -312,7 +333,8 @@ def main(argv=None) -> int:
         if args.sample_s < 0:
             print("certify_budget: --sample-s must be 0 or more", file=sys.stderr)
             return 2
-        return side_by_side(args.side_by_side, args.rounds, only, args.json, args.sample_s)
+        return side_by_side(args.side_by_side, args.rounds, only, args.json, args.sample_s,
+                            args.cold)
     from attnverify.certify import make_context  # not at asv discovery
     from attnverify.isolation import certify_all
     from attnverify.registry import builtin_ids
