@@ -217,6 +217,53 @@ def test_entmax_alpha_matches_reference(alpha):
     np.testing.assert_allclose(run("entmax_alpha", z, alpha=alpha), ref_entmax(z, alpha), atol=1e-9)
 
 
+@pytest.mark.parametrize("alpha", [1.01, 1.25, 1.75, 1.999, 2.5, 4.0])
+def test_entmax_alpha_threshold_hand_computed(alpha):
+    """τ of α-entmax on ``x = (α−1)(z − max z)``: a row of L equal keys has ``p = 1/L``, so
+    ``τ = −(1/L)^{α−1}``; two keys at 0 and the rest far below (outside the support) give
+    ``τ = −(1/2)^{α−1}``. For α < 2 the bisection is finished by Newton's method, for α > 2 it
+    runs to the end: both to within a few ulps of the exact value."""
+    from attnverify.normalizers.sparse import _bisect_tau
+
+    for length in (1, 2, 7, 4096):
+        x = torch.zeros(1, length, dtype=torch.float64)
+        want = -(1.0 / length) ** (alpha - 1.0)
+        assert float(_bisect_tau(x, alpha)) == pytest.approx(want, rel=1e-14, abs=1e-15)
+    x = torch.full((1, 9), -(alpha - 1.0) * 50.0, dtype=torch.float64)
+    x[0, :2] = 0.0
+    want = -(0.5) ** (alpha - 1.0)
+    assert float(_bisect_tau(x, alpha)) == pytest.approx(want, rel=1e-14, abs=1e-15)
+
+
+@pytest.mark.parametrize("alpha", [1.01, 1.25, 1.75, 1.999])
+def test_entmax_alpha_newton_agrees_with_full_bisection(alpha):
+    """The Newton finish lands where bisection to float64 resolution does, on rows of every
+    scale (ties, a two-key top, spread rows) and in float32."""
+    from attnverify.normalizers import sparse
+
+    def bisection(x):
+        lo, width, power = torch.full_like(x[..., :1], -1.0), 1.0, 1.0 / (alpha - 1.0)
+        for _ in range(sparse._mantissa_bits(x.dtype) + 2):
+            width /= 2.0
+            mid = lo + width
+            lo = torch.where(((x - mid).clamp_min(0.0) ** power).sum(-1, keepdim=True) >= 1.0,
+                             mid, lo)
+        return lo
+
+    g = torch.Generator().manual_seed(5)
+    for length in (2, 3, 50, 1000):
+        for scale in (1e-4, 1.0, 40.0):
+            z = torch.randn(6, length, generator=g, dtype=torch.float64) * scale
+            z[0] = 0.0
+            z[1, :2] = 3 * scale
+            x = (alpha - 1.0) * (z - z.amax(-1, keepdim=True))
+            torch.testing.assert_close(sparse._bisect_tau(x, alpha), bisection(x),
+                                       rtol=0, atol=1e-14)
+            x32 = x.float()
+            torch.testing.assert_close(sparse._bisect_tau(x32, alpha), bisection(x32),
+                                       rtol=0, atol=4e-7)
+
+
 def test_entmax_alpha_endpoints_are_exact():
     z = torch.randn(8, 31, dtype=torch.float64)
     sm, sp, ea = BUILTINS["softmax"], BUILTINS["sparsemax"], BUILTINS["entmax_alpha"]
