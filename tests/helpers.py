@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -10,6 +11,16 @@ from attnverify.tolerances import Tol, tol_for
 
 F64 = torch.float64
 TOL = tol_for(F64)
+
+#: The interpreter for a Ctrl-C test, started with SIGINT at its default disposition. A process
+#: a non-interactive shell starts in the background (``python -m pytest ... &`` in a script)
+#: inherits SIGINT and SIGQUIT *ignored* (POSIX), every process it starts inherits that, and
+#: Python installs no ``KeyboardInterrupt`` handler for an ignored SIGINT: the command would never
+#: see the Ctrl-C the test sends. This launcher resets SIGINT and ``exec``s the interpreter in its
+#: own process, so the pid the test signals is the command's.
+PYTHON_WITH_CTRL_C = [sys.executable, "-c",
+                      "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                      "os.execv(sys.executable, [sys.executable] + sys.argv[1:])"]
 
 
 def close(actual, expected, what: str, tol: Tol = TOL, rtol: float | None = None) -> None:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import PYTHON_WITH_CTRL_C
 
 from attnverify.empirical import cli, models, text
 from attnverify.empirical.store import CheckpointStore
@@ -361,7 +362,7 @@ def test_failing_normalizers_are_reported_and_the_others_kept(tmp_path, capsys, 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT")
 def test_ctrl_c_is_exit_130_with_one_line_and_the_checkpoints_kept(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "attnverify.empirical"] + QUICK + [
+    cmd = PYTHON_WITH_CTRL_C + ["-m", "attnverify.empirical"] + QUICK + [
         "--out", str(out), "--experiments", "rank_collapse,training",  # no model to load
         "--collapse-seeds", "1", "--collapse-depth", "2",
         "--training-steps", "20000"]  # training runs until interrupted

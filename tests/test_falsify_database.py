@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import PYTHON_WITH_CTRL_C
 from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase
 
 import attnverify
@@ -377,8 +378,9 @@ def test_ctrl_c_stops_every_worker_and_leaves_no_process(tmp_path):
     # a true bound and a large budget: the workers (targets behind the process boundary) are
     # still searching when Ctrl-C comes
     proc = subprocess.Popen(
-        [sys.executable, "-m", "attnverify", "falsify", "softmax", TRUE, "--profile", "thorough",
-         "--max-length", "16", "--workers", "2", "--database", str(tmp_path / "db")],
+        PYTHON_WITH_CTRL_C + ["-m", "attnverify", "falsify", "softmax", TRUE, "--profile",
+                              "thorough", "--max-length", "16", "--workers", "2",
+                              "--database", str(tmp_path / "db")],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60

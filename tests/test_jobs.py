@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from helpers import daemonizing_target
@@ -173,16 +174,26 @@ def test_a_zygote_clone_serves_workers_of_its_own():
     assert _wait_gone(other)
 
 
+def _not_passed(report: Path) -> str:
+    """The results of a certificate that did not pass, for an assertion's message."""
+    try:
+        targets = json.loads(report.read_text(encoding="utf-8"))["targets"]
+    except (OSError, ValueError, KeyError):
+        return f" (no certificate at {report})"
+    return "".join(f"\n{r}" for t in targets for r in t["results"] if r.get("status") != "holds")
+
+
 def test_nothing_of_a_run_with_jobs_outlives_it(tmp_path):
     """A target that leaves a daemon behind (double fork, new session), certified on two forked
     jobs: when the command has exited, no process it started is left (its zygote, the clones,
     the workers, the daemon: each found by a mark in its environment)."""
     target, pidfile = daemonizing_target(tmp_path)
     mark = f"attnverify-test-{os.getpid()}-{time.monotonic_ns()}"
+    report = tmp_path / "certificate.json"
     done = _run("certify", target, "--claims", "", "--profile", "dev",
-                "--max-examples", "2", "--quiet", "--jobs", "2",
+                "--max-examples", "2", "--quiet", "--jobs", "2", "--json", str(report),
                 env={"ATTNVERIFY_SANDBOX_WRITABLE": str(tmp_path), "ATTNVERIFY_TEST_MARK": mark})
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr + _not_passed(report)
     assert pidfile.exists()
     assert _wait_gone(int(pidfile.read_text()), 5), "the target's daemon outlived the run"
     left = []
