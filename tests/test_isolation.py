@@ -404,7 +404,10 @@ def test_a_side_effect_on_a_view_reproduces(capsys, tmp_path):
     assert "thread count changed" in effect["message"]
     ce = effect["counterexample"]
     assert len(ce["shape"]) == 2
-    done = subprocess.run(shlex.split(ce["repro"]), capture_output=True, text=True,
+    argv = shlex.split(ce["repro"])
+    assert argv[:2] == ["attnverify", "repro"]
+    # the line as a shell runs it, through this interpreter (its bin folder need not be on PATH)
+    done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr and "thread count changed" in done.stdout
