@@ -218,7 +218,10 @@ def _measure(argv: list[str], tree: str, cwd: str,
             except psutil.Error:
                 pass
             peak = max(peak, total)
-            time.sleep(sample_s)
+            try:  # a wait, not a sleep: the wall time ends when the command does
+                proc.wait(sample_s)
+            except subprocess.TimeoutExpired:
+                pass
     if psutil is None:  # wait4: the peak RSS of this run's process and the children it reaped
         _, status, usage = os.wait4(proc.pid, 0)
         code = proc.returncode = os.waitstatus_to_exitcode(status)
