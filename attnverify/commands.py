@@ -200,13 +200,14 @@ def _add_attention_options(p: argparse.ArgumentParser) -> None:
                        "attention target")
 
 
-def _early_zygote(args) -> None:
+def _early_zygote(args, defer: bool = False) -> None:
     """Start the worker processes' zygote now, before this process imports torch, so that the
-    two imports overlap (:mod:`attnverify.prestart`); not for a run in this process."""
+    two imports overlap (:mod:`attnverify.prestart`; ``defer``: as its ``spawn``'s); not for a
+    run in this process."""
     from attnverify import prestart  # dispatch: on a run only (wire, its arena), not --help
 
     if not getattr(args, "no_isolation", False) and isolation_default():
-        prestart.early()
+        prestart.early(defer)
 
 
 def _run_certify(args) -> int:
@@ -290,7 +291,7 @@ def _workers(text: str) -> int:
 
 def _run_falsify(args) -> int:
     if (getattr(args, "workers", None) or 1) <= 1:  # --workers N: each has a zygote of its own
-        _early_zygote(args)
+        _early_zygote(args, defer=True)  # one search, one worker: no use for torch._dynamo
     from attnverify import falsify, isolation  # dispatch: import torch, Hypothesis
 
     return falsify.run_falsify_command(args, isolated=isolation.falsify_in_worker)

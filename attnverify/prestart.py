@@ -25,11 +25,14 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _EARLY: list = []
 
 
-def spawn() -> tuple[subprocess.Popen, socket.socket]:
+def spawn(defer: bool = False) -> tuple[subprocess.Popen, socket.socket]:
     """A new zygote process (``python -c … zygote FD``, in a session of its own) and the
     checker's end of its channel; its hello (the import path, what to preload) already sent, so
-    it is importing torch when this returns. The caller reads its answer."""
-    from attnverify.worker import PRELOAD  # torch-free: the names the zygote imports
+    it is importing torch when this returns. The caller reads its answer. ``defer``: the
+    zygote answers before it imports :data:`attnverify.worker.DEFERRED` (``torch._dynamo``),
+    which it imports before its second worker (a command whose one worker has no use for it:
+    ``falsify``); else it imports them first, as every worker's start needs."""
+    from attnverify.worker import DEFERRED, PRELOAD  # torch-free: the names the zygote imports
 
     parent, child = socket.socketpair()
     env = dict(os.environ)
@@ -52,19 +55,22 @@ def spawn() -> tuple[subprocess.Popen, socket.socket]:
         env=env, cwd=os.getcwd())
     child.close()
     try:
-        wire.send(parent, {"path": [str(p) for p in sys.path], "preload": list(PRELOAD)})
+        wire.send(parent, {"path": [str(p) for p in sys.path],
+                           "preload": list(PRELOAD) + ([] if defer else list(DEFERRED)),
+                           "deferred": list(DEFERRED) if defer else []})
     except OSError:
         pass  # the caller's read of the answer says what happened
     return proc, parent
 
 
-def early() -> None:
-    """Start the zygote now unless one is running or waiting in this process already."""
+def early(defer: bool = False) -> None:
+    """Start the zygote now unless one is running or waiting in this process already
+    (``defer``: as :func:`spawn`'s)."""
     remote = sys.modules.get("attnverify.remote")
     if _EARLY or (remote is not None and remote.zygote().alive()):
         return
     try:
-        proc, sock = spawn()
+        proc, sock = spawn(defer)
     except OSError:
         return  # started later, where its failure is reported
     _EARLY.append((proc, sock, os.getpid()))

@@ -1298,12 +1298,20 @@ def _return_inputs(arena, slots, tensors) -> None:
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-#: Imported by the zygote before it forks, so that every worker starts with them loaded.
-#: ``torch._dynamo`` (about as long to import as torch) included: forward mode through torch's
-#: decompositions imports it (``torch._compile``'s disable wrapper, e.g. on ``x - x.amax()``), so
-#: most normalizers' workers would each import it at their first ``jvp`` request.
+#: Imported by the zygote before it answers its checker, so that every worker starts with them
+#: loaded (the forward-mode decompositions too: the first ``jvp`` of every target imports them).
 PRELOAD = ("torch", "torch.func", "attnverify.registry", "attnverify.normalizers",
-           "attnverify.attention.loader", "torch._dynamo", "torch._decomp.decompositions_for_jvp")
+           "attnverify.attention.loader", "torch._decomp.decompositions_for_jvp")
+#: Imported by the zygote with :data:`PRELOAD`, or, where its hello defers them
+#: (:func:`attnverify.prestart.spawn`: ``falsify``, one worker a search), after its first worker
+#: and before it forks any other or a clone (so that they, and a clone's workers, start with
+#: them loaded): ``torch._dynamo``, about as long to import as torch, which forward mode through
+#: some of torch's decompositions imports (``torch._compile``'s disable wrapper: ``ssmax``'s
+#: ``jvp``, say), ``torch.compile`` and FlexAttention too. A deferred first worker starts as soon
+#: as the checker asks, and imports it itself only where its target's code needs it. Never
+#: imported in the background: on two cores that import slows the checker and the worker, which
+#: take turns on them, more than it saves.
+DEFERRED = ("torch._dynamo",)
 
 
 def _prctl(option: int, value: int) -> None:
@@ -1321,20 +1329,26 @@ def zygote_main(ctrl_fd: int) -> None:
     ctrl = socket.socket(fileno=ctrl_fd)
     hello = wire.receive(ctrl)
     sys.path[:] = [str(p) for p in hello.get("path", sys.path)]
-    for name in hello.get("preload", PRELOAD):
-        try:
-            __import__(name)
-        except Exception:  # noqa: BLE001 - a missing optional module: the worker imports later
-            pass
-    _serve_forks(ctrl)
+    for name in hello.get("preload", PRELOAD + DEFERRED):
+        _preload(name)
+    _serve_forks(ctrl, [str(name) for name in hello.get("deferred", ())])
 
 
-def _serve_forks(ctrl: socket.socket) -> None:
+def _preload(name: str) -> None:
+    try:
+        __import__(name)
+    except Exception:  # noqa: BLE001 - a missing optional module: the worker imports later
+        pass
+
+
+def _serve_forks(ctrl: socket.socket, deferred: list[str] | None = None) -> None:
     """The zygote's loop: answer the requests of the checker at the other end of ``ctrl`` (its
-    hello's answer first) until it closes or asks the zygote to exit."""
+    hello's answer first) until it closes or asks the zygote to exit; the ``deferred`` modules
+    (:data:`DEFERRED`) imported before any fork but the first."""
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # not inherited: a clone (``clone``) sets it again
     workers: dict[int, int | None] = {}
     scratches.clear()  # a clone's: its parent's directories stay its parent's
+    pending = list(deferred or ())
     wire.send(ctrl, {"ok": True, "pid": os.getpid()})
 
     while True:
@@ -1348,6 +1362,9 @@ def _serve_forks(ctrl: socket.socket) -> None:
             _shutdown(workers)
             os._exit(0)
         op = message.get("op")
+        if op == "fork" and workers:
+            while pending:  # a second worker: everything loaded first
+                _preload(pending.pop(0))
         if op == "fork" and len(fds) == 1:
             scratch = _scratch_dir()
             status_r, status_w = os.pipe()
@@ -1364,6 +1381,8 @@ def _serve_forks(ctrl: socket.socket) -> None:
         elif op == "clone" and len(fds) == 1:
             # a zygote for another checker (``certify --jobs``): this process forked, torch
             # already imported, serving the socket sent; a live child here like a worker
+            while pending:  # the clone's workers start with everything loaded
+                _preload(pending.pop(0))
             pid = os.fork()
             if pid == 0:
                 _become_clone(ctrl, fds[0])

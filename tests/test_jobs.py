@@ -268,3 +268,39 @@ def test_a_program_that_ran_parallel_work_first_gets_new_processes_as_jobs():
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("CERTIFIED") == 1
     assert "clean None False" in done.stdout
+
+
+def _loaded_triton(pid: int) -> bool:
+    """Whether ``pid`` has loaded Triton's library: ``torch._dynamo`` imports Triton."""
+    with open(f"/proc/{pid}/maps", encoding="utf-8") as fh:
+        return "libtriton" in fh.read()
+
+
+def test_a_deferring_zygote_imports_torch_dynamo_before_its_second_worker_only(monkeypatch):
+    """``falsify``'s zygote (``prestart.spawn(defer=True)``) answers and forks its first worker
+    before it imports ``torch._dynamo``, and imports it before it forks a second worker (and a
+    clone, which then has it too); the default zygote imports it before it answers."""
+    pytest.importorskip("triton", reason="the import is seen by the Triton library it loads")
+    from attnverify import prestart
+
+    plain = remote.Zygote()
+    monkeypatch.setattr(prestart, "take", lambda: prestart.spawn())
+    plain.start()
+    deferring = remote.Zygote()
+    monkeypatch.setattr(prestart, "take", lambda: prestart.spawn(defer=True))
+    deferring.start()
+    try:
+        assert _loaded_triton(plain.pid) and not _loaded_triton(deferring.pid)
+        first, channel1, _ = deferring.fork(memory_limit=False)
+        assert not _loaded_triton(deferring.pid)
+        second, channel2, _ = deferring.fork(memory_limit=False)
+        assert _loaded_triton(deferring.pid)
+        pid, sock = deferring.clone()
+        assert _loaded_triton(pid)
+        sock.close()
+        for worker, channel in ((first, channel1), (second, channel2)):
+            deferring.kill(worker)
+            channel.close()
+    finally:
+        deferring.close()
+        plain.close()
