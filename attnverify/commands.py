@@ -291,7 +291,10 @@ def _workers(text: str) -> int:
 
 def _run_falsify(args) -> int:
     if (getattr(args, "workers", None) or 1) <= 1:  # --workers N: each has a zygote of its own
-        _early_zygote(args, defer=True)  # one search, one worker: no use for torch._dynamo
+        # one search, one worker: torch._dynamo deferred unless the inequality has a Jacobian,
+        # whose forward mode through torch's decompositions imports it (softmax's, say): then
+        # the zygote's import overlaps this process's instead of holding up the first request
+        _early_zygote(args, defer="jacobian" not in str(args.inequality).lower())
     from attnverify import falsify, isolation  # dispatch: import torch, Hypothesis
 
     return falsify.run_falsify_command(args, isolated=isolation.falsify_in_worker)

@@ -304,3 +304,20 @@ def test_a_deferring_zygote_imports_torch_dynamo_before_its_second_worker_only(m
     finally:
         deferring.close()
         plain.close()
+
+
+@pytest.mark.parametrize(("inequality", "workers", "defers"), [
+    ("max_weight <= exp(2*a/T)/L", 1, True),
+    ("jacobian_spectral <= 1/(2*T)", 1, False),  # its forward mode may import torch._dynamo
+    ("Jacobian_Entry <= 1/(4*T)", 1, False),
+    ("max_weight <= 1", 3, None),  # each of the N workers starts a zygote of its own
+])
+def test_falsify_defers_torch_dynamo_for_a_bound_without_a_jacobian(monkeypatch, inequality,
+                                                                   workers, defers):
+    from attnverify import commands, falsify
+
+    seen = []
+    monkeypatch.setattr(commands, "_early_zygote", lambda args, defer=False: seen.append(defer))
+    monkeypatch.setattr(falsify, "run_falsify_command", lambda args, isolated: 0)
+    assert main(["falsify", "softmax", inequality, "--workers", str(workers)]) == 0
+    assert seen == ([] if defers is None else [defers])
