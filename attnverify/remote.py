@@ -672,6 +672,16 @@ class Channel:
         self.written = []
         self.sock, self.arena, self.pid = None, None, 0
 
+    @staticmethod
+    def _peek(sock: socket.socket) -> bytes:
+        """The first byte waiting on ``sock``, left there (``b""``: the channel's end)."""
+        try:
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return b"?"  # readable a moment ago: the first byte of a message nobody asked for
+        except OSError:
+            return b""  # reset: the worker is gone
+
     def _fail(self, what: str):
         self._discard()
         raise WorkerFailed(f"broke the worker protocol: the worker {what}")
@@ -683,6 +693,8 @@ class Channel:
         sock = self.sock
         ready, _, _ = select.select([sock], [], [], 0)
         if ready:  # nothing may arrive unasked: a second answer, or a forged one
+            if not self._peek(sock):  # or the end of the channel: the worker ended since
+                raise self._dead()
             self._fail("sent a message nobody asked for")
         self.next_id += 1
         message = {**message, "id": self.next_id}

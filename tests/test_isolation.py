@@ -464,3 +464,25 @@ def test_one_large_request_does_not_keep_its_memory(monkeypatch):
         assert _shmem_kib(channel.pid) * 1024 < 2 * channel.arena.size
     finally:
         remote.shutdown()
+
+
+def test_a_worker_that_ended_between_requests_is_reported_as_ended_not_as_a_protocol_break():
+    """The end of the channel found before a request (the worker died after its last answer) is
+    the worker's end, said with its exit status, not a message nobody asked for."""
+    import select
+    import signal
+
+    from attnverify.runconfig import make_context
+
+    spec = remote.open_normalizer("softmax", {}, make_context("dev"))
+    channel = spec.fn.channel
+    try:
+        spec(torch.randn(2, 5))
+        os.kill(channel.pid, signal.SIGKILL)
+        assert select.select([channel.sock], [], [], 30)[0]  # its end of the channel closed
+        with pytest.raises(remote.WorkerFailed) as failed_:
+            spec(torch.randn(2, 5))
+        assert "crashed the worker process (SIGKILL" in str(failed_.value)
+        assert "protocol" not in str(failed_.value)
+    finally:
+        remote.shutdown()
