@@ -233,3 +233,24 @@ def test_a_kernel_triton_refuses_to_run_fails_with_triton_s_message():
     (r,) = res.results
     assert r.status == "error" and res.verdict == "failed"  # certify exits 1
     assert "Expected dtype" in r.message and "fp16" in r.message, r.message
+
+
+@needs_triton
+def test_falsify_runs_an_interpreted_kernel_in_a_worker_forked_before_torch_dynamo(tmp_path):
+    """``falsify`` of an inequality without a Jacobian forks its worker before the zygote
+    imports ``torch._dynamo`` (and with it triton): the target's ``import triton`` is then the
+    worker's first, in the interpreter's mode, and its kernel computes the weights."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "f.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "attnverify", "falsify", f"{EXAMPLES / 'softmax_rows.py'}:softmax",
+         "max_weight <= exp(a/T)/L", "--profile", "dev", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 1, done.stdout + done.stderr
+    witness = json.loads(out.read_text())["witness"]
+    scores = torch.tensor(witness["scores"], dtype=torch.float64)
+    assert witness["quantities"]["max_weight"] == pytest.approx(
+        float(torch.softmax(scores, -1).max()), rel=1e-6)
