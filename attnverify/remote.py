@@ -34,10 +34,12 @@ import inspect
 import math
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -120,6 +122,13 @@ class Zygote:
         self.pid = 0
         self.lock = threading.Lock()
         self.owner = os.getpid()
+        #: The directory that holds every worker's private one (``TMPDIR``), its clones' and
+        #: their workers' too (a job's fork requests name its parent's): made by the process
+        #: that starts the zygote and removed by it when the zygote stops, so that nothing of a
+        #: run is left in the temporary directory however its processes end (a job killed at
+        #: Ctrl-C, a zygote killed), short of this process being killed.
+        self.root = ""
+        self.root_owner = 0
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and self.owner == os.getpid()
@@ -128,6 +137,12 @@ class Zygote:
         # the zygote a command started before its own imports (attnverify.prestart), or a new one
         self.proc, parent = prestart.take() or prestart.spawn()
         self.sock, self.owner = parent, os.getpid()
+        self._drop_root()
+        try:
+            self.root = tempfile.mkdtemp(prefix="attnverify-run-")
+        except OSError:
+            self.root = ""  # each worker's directory is then made in the temporary directory
+        self.root_owner = os.getpid()
         if not select.select([parent], [], [], 0)[0]:  # the zygote still imports torch
             _warm_up()
         try:
@@ -156,6 +171,7 @@ class Zygote:
                                          "env": dict(os.environ),
                                          "path": [str(p) for p in sys.path],
                                          "memory_limit": bool(memory_limit),
+                                         "scratch": self.root,
                                          "sandbox": settings.sandbox_enabled()}, "worker")
         sandbox = reply.get("sandbox")
         return pid, mine, sandbox if isinstance(sandbox, str) else "none: not reported"
@@ -246,6 +262,13 @@ class Zygote:
         if self.sock is not None:
             self.sock.close()
         self.proc, self.sock = None, None
+        self._drop_root()
+
+    def _drop_root(self) -> None:
+        """Remove :attr:`root` where this process made it (its zygote and workers gone)."""
+        if self.root and self.root_owner == os.getpid():
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root = ""
 
 
 class _Foreign:

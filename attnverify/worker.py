@@ -1366,7 +1366,7 @@ def _serve_forks(ctrl: socket.socket, deferred: list[str] | None = None) -> None
             while pending:  # a second worker: everything loaded first
                 _preload(pending.pop(0))
         if op == "fork" and len(fds) == 1:
-            scratch = _scratch_dir()
+            scratch = _scratch_dir(message.get("scratch"))
             status_r, status_w = os.pipe()
             pid = os.fork()
             if pid == 0:
@@ -1513,11 +1513,14 @@ def _shutdown(workers: dict) -> None:
 scratches: dict[int, str] = {}
 
 
-def _scratch_dir() -> str:
-    """A new private temporary directory for the next worker (``""`` where none can be made)."""
+def _scratch_dir(root=None) -> str:
+    """A new private temporary directory for the next worker, beneath ``root`` (the checker's
+    :attr:`attnverify.remote.Zygote.root`) where that is a directory, else in the temporary
+    directory (``""`` where none can be made)."""
 
+    base = root if isinstance(root, str) and root and os.path.isdir(root) else None
     try:
-        return tempfile.mkdtemp(prefix="attnverify-worker-")
+        return tempfile.mkdtemp(prefix="attnverify-worker-", dir=base)
     except OSError:
         return ""
 

@@ -201,7 +201,37 @@ def test_scratch_directories_are_removed(tmp_path):
     done = subprocess.run([sys.executable, "-m", "attnverify", "certify", "sparsemax",
                            *FAST], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert [p.name for p in scratch.iterdir() if p.name.startswith("attnverify-worker-")] == []
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("attnverify-")] == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+def test_nothing_is_left_in_the_temporary_directory_by_a_run_stopped_with_ctrl_c(tmp_path):
+    """Ctrl-C while two forked jobs run (their clones and workers killed, not closed): every
+    worker's directory was made beneath one that the command removes as it exits."""
+    import signal
+    import time
+
+    from helpers import PYTHON_WITH_CTRL_C
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    proc = subprocess.Popen(PYTHON_WITH_CTRL_C + ["-m", "attnverify", "certify", "softmax",
+                                                  "sparsemax", "ssmax", "--profile", "ci",
+                                                  "--jobs", "2", "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(scratch.rglob("attnverify-worker-*"))) < 4:
+            assert proc.poll() is None and time.monotonic() < deadline, "no workers started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130
+    finally:
+        proc.kill()
+        proc.wait()
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("attnverify-")] == [], \
+        proc.stderr.read().decode()
 
 
 def test_a_directory_the_user_allows(capsys, tmp_path, bait, monkeypatch):
