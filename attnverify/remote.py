@@ -124,9 +124,10 @@ class Zygote:
         self.owner = os.getpid()
         #: The directory that holds every worker's private one (``TMPDIR``), its clones' and
         #: their workers' too (a job's fork requests name its parent's): made by the process
-        #: that starts the zygote and removed by it when the zygote stops, so that nothing of a
-        #: run is left in the temporary directory however its processes end (a job killed at
-        #: Ctrl-C, a zygote killed), short of this process being killed.
+        #: that starts the zygote and removed by it when the zygote stops (and by the zygote
+        #: when this process's channel ends: :func:`attnverify.worker._drop_run_dir`), so that
+        #: nothing of a run is left in the temporary directory however its processes end (a job
+        #: killed at Ctrl-C, this process killed), short of the zygote being killed.
         self.root = ""
         self.root_owner = 0
 
@@ -156,6 +157,8 @@ class Zygote:
         with self.lock:
             if not self.alive():
                 self.start()
+            if message.get("op") == "fork":  # its directory beneath the run's (started now)
+                message = {**message, "scratch": self.root}
             try:
                 wire.send(self.sock, message, tuple(fds))
                 return _receive(self.sock, time.monotonic() + wait)
@@ -171,7 +174,6 @@ class Zygote:
                                          "env": dict(os.environ),
                                          "path": [str(p) for p in sys.path],
                                          "memory_limit": bool(memory_limit),
-                                         "scratch": self.root,
                                          "sandbox": settings.sandbox_enabled()}, "worker")
         sandbox = reply.get("sandbox")
         return pid, mine, sandbox if isinstance(sandbox, str) else "none: not reported"

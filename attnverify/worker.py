@@ -1331,7 +1331,7 @@ def zygote_main(ctrl_fd: int) -> None:
     sys.path[:] = [str(p) for p in hello.get("path", sys.path)]
     for name in hello.get("preload", PRELOAD + DEFERRED):
         _preload(name)
-    _serve_forks(ctrl, [str(name) for name in hello.get("deferred", ())])
+    _serve_forks(ctrl, [str(name) for name in hello.get("deferred", ())], owns_run=True)
 
 
 def _preload(name: str) -> None:
@@ -1341,14 +1341,20 @@ def _preload(name: str) -> None:
         pass
 
 
-def _serve_forks(ctrl: socket.socket, deferred: list[str] | None = None) -> None:
+def _serve_forks(ctrl: socket.socket, deferred: list[str] | None = None,
+                 owns_run: bool = False) -> None:
     """The zygote's loop: answer the requests of the checker at the other end of ``ctrl`` (its
     hello's answer first) until it closes or asks the zygote to exit; the ``deferred`` modules
-    (:data:`DEFERRED`) imported before any fork but the first."""
+    (:data:`DEFERRED`) imported before any fork but the first. ``owns_run`` (the zygote its
+    checker started, not a clone): when it ends, every worker and clone killed, it removes the
+    run's directory its fork requests name too (:func:`_drop_run_dir`), so that nothing is
+    left in the temporary directory when the checker ended without removing it (killed, or a
+    process that exits without its exit handlers)."""
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # not inherited: a clone (``clone``) sets it again
     workers: dict[int, int | None] = {}
     scratches.clear()  # a clone's: its parent's directories stay its parent's
     pending = list(deferred or ())
+    run_dir = ""
     wire.send(ctrl, {"ok": True, "pid": os.getpid()})
 
     while True:
@@ -1360,12 +1366,15 @@ def _serve_forks(ctrl: socket.socket, deferred: list[str] | None = None) -> None
             message, fds = wire.receive(ctrl, with_fds=True)
         except (EOFError, OSError, wire.ProtocolError):
             _shutdown(workers)
+            _drop_run_dir(run_dir)
             os._exit(0)
         op = message.get("op")
         if op == "fork" and workers:
             while pending:  # a second worker: everything loaded first
                 _preload(pending.pop(0))
         if op == "fork" and len(fds) == 1:
+            if owns_run and not run_dir and isinstance(message.get("scratch"), str):
+                run_dir = message["scratch"]
             scratch = _scratch_dir(message.get("scratch"))
             status_r, status_w = os.pipe()
             pid = os.fork()
@@ -1409,6 +1418,7 @@ def _serve_forks(ctrl: socket.socket, deferred: list[str] | None = None) -> None
             wire.send(ctrl, {"ok": True, "left": _sweep(workers)})
         elif op == "exit":
             _shutdown(workers)
+            _drop_run_dir(run_dir)
             wire.send(ctrl, {"ok": True})
             os._exit(0)
         else:
@@ -1523,6 +1533,14 @@ def _scratch_dir(root=None) -> str:
         return tempfile.mkdtemp(prefix="attnverify-worker-", dir=base)
     except OSError:
         return ""
+
+
+def _drop_run_dir(path: str) -> None:
+    """Remove the run's directory (:attr:`attnverify.remote.Zygote.root`), which only ever
+    holds workers' directories: only a directory named as the checker names it."""
+    if path and os.path.basename(path.rstrip("/")).startswith("attnverify-run-") and \
+            os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _drop_scratch(pid: int) -> None:

@@ -205,6 +205,34 @@ def test_scratch_directories_are_removed(tmp_path):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+def test_nothing_is_left_in_the_temporary_directory_by_a_checker_killed_outright(tmp_path):
+    """A checker killed by SIGKILL (no exit handler runs): its zygote sees its channel end,
+    kills the workers and removes the run's directory with theirs."""
+    import signal
+    import time
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    code = ("import sys, time, torch; from attnverify import remote; "
+            "from attnverify.runconfig import make_context; "
+            "spec = remote.open_normalizer('softmax', {}, make_context('dev')); "
+            "spec(torch.randn(2, 3)); print(spec.fn.channel.pid, flush=True); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(scratch)})
+    try:
+        worker = int(proc.stdout.readline())
+        assert list(scratch.glob("attnverify-run-*/attnverify-worker-*"))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while any(p.name.startswith("attnverify-") for p in scratch.iterdir()) or \
+            os.path.exists(f"/proc/{worker}"):
+        assert time.monotonic() < deadline, sorted(p.name for p in scratch.iterdir())
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 def test_nothing_is_left_in_the_temporary_directory_by_a_run_stopped_with_ctrl_c(tmp_path):
     """Ctrl-C while two forked jobs run (their clones and workers killed, not closed): every
     worker's directory was made beneath one that the command removes as it exits."""
