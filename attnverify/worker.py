@@ -1369,9 +1369,10 @@ def _serve_forks(ctrl: socket.socket, deferred: list[str] | None = None,
             _drop_run_dir(run_dir)
             os._exit(0)
         op = message.get("op")
-        if op == "fork" and workers:
-            while pending:  # a second worker: everything loaded first
-                _preload(pending.pop(0))
+        if pending and (op == "clone" or (op == "fork" and workers)):
+            for name in pending:  # a second worker, or a clone and its workers: all loaded
+                _preload(name)
+            pending = []
         if op == "fork" and len(fds) == 1:
             if owns_run and not run_dir and isinstance(message.get("scratch"), str):
                 run_dir = message["scratch"]
@@ -1390,8 +1391,6 @@ def _serve_forks(ctrl: socket.socket, deferred: list[str] | None = None,
         elif op == "clone" and len(fds) == 1:
             # a zygote for another checker (``certify --jobs``): this process forked, torch
             # already imported, serving the socket sent; a live child here like a worker
-            while pending:  # the clone's workers start with everything loaded
-                _preload(pending.pop(0))
             pid = os.fork()
             if pid == 0:
                 _become_clone(ctrl, fds[0])
