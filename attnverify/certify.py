@@ -40,7 +40,13 @@ from attnverify.checks.universal import event_case
 from attnverify.coverage import Coverage, certified_for, target_block
 from attnverify.coverage import merge as merge_coverage
 from attnverify.coverage import recording as coverage_recording
-from attnverify.errors import TargetFailedInFull, UsageError, WorkerFailed
+from attnverify.errors import (
+    Interrupted,
+    TargetFailedInFull,
+    UsageError,
+    WorkerFailed,
+    interrupt_word,
+)
 from attnverify.exampledb import database_key, open_database
 from attnverify.registry import NormalizerSpec, load_target
 from attnverify.runconfig import (  # noqa: F401 - re-exported: the run configuration's home
@@ -148,6 +154,60 @@ def combine(prop_id: str, claimed: bool, units: list, *, missing: str = "") -> P
         units=list(units),
         traceback=chosen.traceback if top in ("violated", "error") and chosen else None,
     )
+
+
+def unfinished_reason(exc: KeyboardInterrupt) -> str:
+    """Why a unit of a stopped run has no result: ``did not finish: the run was interrupted``
+    (or ``terminated (SIGTERM)``)."""
+    return f"did not finish: the run was {interrupt_word(exc)}"
+
+
+def fill_unfinished(result: TargetResult, planned: list[tuple[str, list[str]]],
+                    why: str) -> None:
+    """``result`` of a target whose run stopped part-way: its finished properties kept, every
+    other property of ``planned`` (``[(property id, its unit dtypes)]`` in run order) added as
+    ``not_checked`` with its units not run (``why``), in plan order; so its verdict is
+    ``not_checked`` unless a finished property failed, and a stopped shard's part still lines
+    up with the others' in ``merge``."""
+    done = {r.property: r for r in result.results}
+    ids = {prop_id for prop_id, _ in planned}
+    kept = [r for r in result.results if r.property not in ids]
+    result.results = kept + [done.get(prop_id) or _unfinished(prop_id, dtypes, why)
+                             for prop_id, dtypes in planned]
+
+
+def _unfinished(prop_id: str, dtypes: list[str], why: str) -> PropertyResult:
+    if dtypes:
+        return combine(prop_id, True, [(dtype, None) for dtype in dtypes], missing=why)
+    return PropertyResult(property=prop_id, claimed=True, status="not_checked",
+                          message=f"not run: {why}")
+
+
+def planned_units(props, spec, ctx) -> list[tuple[str, list[str]]]:
+    """``[(property id, its unit dtypes)]`` of ``props`` on ``spec``, in run order."""
+    return [(p.id, [dtype_name(d) for d in p.unit_dtypes(spec, ctx)]) for p in props]
+
+
+def target_head(spec: NormalizerSpec, label: str | None, execution=None,
+                cap=None) -> TargetResult:
+    """The result of a normalizer target before any property ran (``spec`` as
+    :func:`plan` gives it)."""
+    return TargetResult(target=label or spec.id, claims=list(spec.claims),
+                        params=dict(spec.params), reference=reference_label(spec),
+                        reference_owner=reference_owner(spec), execution=execution,
+                        call_cap=cap)
+
+
+def not_started(spec: NormalizerSpec, claims, ctx: Context, label: str,
+                why: str) -> TargetResult:
+    """A target a stopped run never reached: every planned property ``not_checked``."""
+    execution, cap = triton_execution(spec.fn, ctx)
+    if cap:
+        ctx = dataclasses.replace(ctx, max_rows=cap["rows"])
+    spec, props = plan(spec, claims, ctx)
+    result = target_head(spec, label, execution, cap)
+    fill_unfinished(result, planned_units(props, spec, ctx), why)
+    return result
 
 
 def progress_line(target: str, result: PropertyResult) -> None:
@@ -311,26 +371,29 @@ def certify_target(
     skip: Collection[str] = (),
 ) -> TargetResult:
     """Check the universal properties and the claims of one normalizer (except those in
-    ``skip``, by id)."""
+    ``skip``, by id). Ctrl-C or a terminating signal raises :class:`Interrupted` with the
+    result: the properties that finished, the others ``not_checked``."""
     ctx = ctx or make_context()
     execution, cap = triton_execution(spec.fn, ctx)
     if cap:
         ctx = dataclasses.replace(ctx, max_rows=cap["rows"])
     spec, props = plan(spec, claims, ctx)
 
-    result = TargetResult(target=label or spec.id, claims=list(spec.claims),
-                          params=dict(spec.params), reference=reference_label(spec),
-                          reference_owner=reference_owner(spec), execution=execution,
-                          call_cap=cap)
+    result = target_head(spec, label, execution, cap)
     monitor = monitor_of(spec)
     shard = getattr(ctx, "shard", None)
-    for prop in props:
-        if prop.id in skip:
-            continue
-        select = None if shard is None else shard.selector(result.target, prop.id, ctx.device)
-        result.results.append(run_property(prop, spec, ctx, claimed=True, select=select))
-        if progress is not None:
-            progress(result.target, result.results[-1])
+    props = [prop for prop in props if prop.id not in skip]
+    stopped = None
+    try:
+        for prop in props:
+            select = None if shard is None else shard.selector(result.target, prop.id,
+                                                               ctx.device)
+            result.results.append(run_property(prop, spec, ctx, claimed=True, select=select))
+            if progress is not None:
+                progress(result.target, result.results[-1])
+    except KeyboardInterrupt as exc:  # Ctrl-C or a terminating signal: keep what finished
+        stopped = exc
+        fill_unfinished(result, planned_units(props, spec, ctx), unfinished_reason(exc))
     if monitor is not None:
         result.worker_pids = list(dict.fromkeys(monitor.pids))
         result.sandbox = list(dict.fromkeys(monitor.sandboxes))
@@ -338,6 +401,8 @@ def certify_target(
         if shard is not None:
             result.side_effects = side_effects(monitor, spec.params)
     result.runtime = dict(getattr(spec.fn, "runtime", None) or {})
+    if stopped is not None:
+        raise Interrupted(stopped, targets=[result])
     return result
 
 

@@ -14,8 +14,9 @@ import sys
 
 from attnverify import report
 from attnverify.certify import example_database, fix_reference, fix_temperature, progress_line
+from attnverify.errors import Interrupted
 from attnverify.isolation import certify_all
-from attnverify.jobs import certify_on_jobs, mark_clean
+from attnverify.jobs import certify_on_jobs, in_job, mark_clean
 from attnverify.registry import builtin_ids, parse_params
 from attnverify.runconfig import context_from_args
 from attnverify.shard import check_options
@@ -43,11 +44,17 @@ def run_certify(args) -> int:
     if code is not None:
         return code
     planned = []
-    results = certify_all(targets, params, claims, ctx,
-                          progress=None if args.quiet else progress_line,
-                          before_run=None if xfails is None else
-                          (lambda ids: check_entries(xfails, ids)),
-                          shard=shard, on_shard=planned.append)
+    try:
+        results = certify_all(targets, params, claims, ctx,
+                              progress=None if args.quiet else progress_line,
+                              before_run=None if xfails is None else
+                              (lambda ids: check_entries(xfails, ids)),
+                              shard=shard, on_shard=planned.append)
+    except Interrupted as exc:  # Ctrl-C or a terminating signal: what finished is written
+        if planned:
+            ctx = dataclasses.replace(ctx, shard=planned[0])
+        return report.finish_interrupted(args, report.certificate(exc.targets, ctx), xfails,
+                                         exc, silent=in_job())
     if planned:
         ctx = dataclasses.replace(ctx, shard=planned[0])
     if args.database is not None:

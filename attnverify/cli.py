@@ -13,7 +13,13 @@ from attnverify import settings
 from attnverify.commands import COMMANDS, triton_mode
 from attnverify.empirical.cli import add_parser as add_empirical
 from attnverify.empirical.cli import run as run_empirical
-from attnverify.errors import UsageError, check_not_shadowed
+from attnverify.errors import (
+    UsageError,
+    check_not_shadowed,
+    interrupt_exit_code,
+    interrupt_word,
+    terminating_as_interrupt,
+)
 from attnverify.registry import builtins, entry_point_names, load_target
 
 EXIT_OK, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
@@ -165,7 +171,8 @@ def main(argv: list[str] | None = None, *, raise_usage: bool = False) -> int:
     mine = {key: value for key, value in mine.items() if key not in os.environ}
     os.environ.update(mine)  # for this run (and its subprocesses) only
     try:
-        return _main(argv, raise_usage)
+        with terminating_as_interrupt():
+            return _main(argv, raise_usage)
     finally:
         for key in mine:
             os.environ.pop(key, None)
@@ -191,9 +198,9 @@ def _main(argv: list[str] | None, raise_usage: bool = False) -> int:
             raise
         print(f"attnverify: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("attnverify: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or a terminating signal (Terminated)
+        print(f"attnverify: {interrupt_word(exc)}", file=sys.stderr)
+        return interrupt_exit_code(exc)
     except BrokenPipeError:
         return _reader_gone()
 

@@ -1,6 +1,10 @@
-"""Errors that the command line turns into a one-line message and exit code 2."""
+"""Errors that the command line turns into a one-line message and exit code 2, and the
+termination signals that it turns into the interrupt Ctrl-C raises."""
 
+import contextlib
+import signal
 import sys
+import threading
 
 
 class UsageError(Exception):
@@ -57,3 +61,89 @@ def check_not_shadowed() -> None:
     raise UsageError(f"the directory {where} shadows the attnverify package (Python found it "
                      "first on its import path, from the current directory or PYTHONPATH): run "
                      "from another directory, or rename that one")
+
+
+#: The signals a run stops on as on Ctrl-C: a CI job cancelled or past its time limit
+#: (``SIGTERM``, ``timeout``'s and ``docker stop``'s signal), a terminal closed (``SIGHUP``).
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(KeyboardInterrupt):
+    """A terminating signal (:data:`TERMINATING`) raised as the ``KeyboardInterrupt`` that
+    Ctrl-C raises, so that it unwinds the same way: workers and jobs stopped, what is finished
+    kept, one line printed; the exit code is 128 + ``signum`` (143 for ``SIGTERM``)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class Interrupted(KeyboardInterrupt):
+    """A certify run stopped by Ctrl-C or a terminating signal (``cause``) that kept what it
+    finished: ``targets`` (:class:`~attnverify.certify.TargetResult`, the properties that did
+    not finish ``not_checked``), or ``data``, the certificate its jobs' parts merged into."""
+
+    def __init__(self, cause: KeyboardInterrupt, *, targets=None, data=None):
+        super().__init__(getattr(cause, "signum", signal.SIGINT))
+        self.cause, self.targets, self.data = cause, targets, data
+        if hasattr(cause, "signum"):
+            self.signum = cause.signum
+
+
+def interrupt_signal(exc: KeyboardInterrupt) -> int:
+    """The signal that stopped the run: ``SIGINT`` for Ctrl-C."""
+    return getattr(exc, "signum", signal.SIGINT)
+
+
+def interrupt_exit_code(exc: KeyboardInterrupt) -> int:
+    """128 + the signal that stopped the run: 130 for Ctrl-C, 143 for ``SIGTERM``."""
+    return 128 + interrupt_signal(exc)
+
+
+def interrupt_word(exc: KeyboardInterrupt) -> str:
+    """``interrupted`` (Ctrl-C) or ``terminated (SIGTERM)``."""
+    return signal_word(signal.Signals(interrupt_signal(exc)).name)
+
+
+def signal_word(name: str) -> str:
+    """What a run stopped by the signal ``name`` was: ``interrupted`` (``SIGINT``: Ctrl-C) or
+    ``terminated (SIGTERM)``."""
+    return "interrupted" if name == "SIGINT" else f"terminated ({name})"
+
+
+def _raise_once(signum, _frame):
+    """The handler of :func:`terminating_as_interrupt` and :func:`interrupt_on_signals`: the
+    interrupt raised once; any later one of these signals ignored, so that the unwinding (the
+    finished part written, workers stopped) is not cut short (``SIGKILL`` still ends it)."""
+    for sig in (signal.SIGINT, *TERMINATING):
+        if signal.getsignal(sig) is _raise_once:
+            signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
+def interrupt_on_signals() -> None:
+    """For a process another one stops (a job of ``certify --jobs``): Ctrl-C and each of
+    :data:`TERMINATING` raise their interrupt once (:func:`_raise_once`), for good."""
+    for sig in (signal.SIGINT, *TERMINATING):
+        signal.signal(sig, _raise_once)
+
+
+@contextlib.contextmanager
+def terminating_as_interrupt():
+    """While the block runs, each of :data:`TERMINATING` that is at its default disposition
+    (which kills the process with no clean-up: workers left to their death signal, what the run
+    finished lost) raises :class:`Terminated` in the main thread instead, once
+    (:func:`_raise_once`). Elsewhere than the main thread, or for a signal that the caller
+    ignores or handles itself (``nohup``, a job's handler), nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    try:
+        for sig in TERMINATING:
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                previous[sig] = signal.signal(sig, _raise_once)
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -26,9 +26,16 @@ import dataclasses
 from typing import Any, NamedTuple
 
 from attnverify import heartbeat, remote
-from attnverify.certify import PropertyResult, TargetResult, certify_target, plan
+from attnverify.certify import (
+    PropertyResult,
+    TargetResult,
+    certify_target,
+    not_started,
+    plan,
+    unfinished_reason,
+)
 from attnverify.checks.base import monitor_of
-from attnverify.errors import UsageError, WorkerFailed
+from attnverify.errors import Interrupted, UsageError, WorkerFailed
 from attnverify.shard import dtype_name, make_shard, unit_id
 
 
@@ -96,22 +103,42 @@ def certify_all(targets: list[str], params: dict, claims, ctx, *, progress=None,
             if on_shard is not None:
                 on_shard(ctx.shard)
         results = []
-        for label, spec, failure in opened:
-            if spec is None:
-                result = TargetResult(target=label, claims=[], results=[failure],
-                                      sandbox=list(getattr(failure, "sandboxes", [])))
-                if progress is not None:
-                    progress(label, failure)
-            else:
-                result = certify_target(spec, claims, ctx, label=label, progress=progress)
-                close(spec)
-            results.append(result)
+        try:
+            for label, spec, failure in opened:
+                if spec is None:
+                    results.append(TargetResult(target=label, claims=[], results=[failure],
+                                                sandbox=list(getattr(failure, "sandboxes", []))))
+                    if progress is not None:
+                        progress(label, failure)
+                else:
+                    results.append(certify_target(spec, claims, ctx, label=label,
+                                                  progress=progress))
+                    close(spec)
+        except KeyboardInterrupt as exc:  # Ctrl-C or a terminating signal: keep what finished
+            raise stopped_run(exc, results, opened,
+                              lambda spec, label, why: not_started(spec, claims, ctx, label,
+                                                                   why)) from None
         return results
     finally:
         for _, spec, _ in opened:
             if spec is not None:
                 close(spec)
         remote.shutdown()
+
+
+def stopped_run(exc: KeyboardInterrupt, results: list, opened: list, not_started) -> Interrupted:
+    """The :class:`Interrupted` of a certify run stopped part-way: ``results`` (the targets
+    done, then the one in progress with its finished properties), then each target of
+    ``opened`` not reached, its every property ``not_checked`` (``not_started(spec, label,
+    why)``; a target that failed to load keeps its ``load`` result)."""
+    cause = exc.cause if isinstance(exc, Interrupted) else exc
+    done = list(results) + (list(exc.targets or []) if isinstance(exc, Interrupted) else [])
+    why = unfinished_reason(cause)
+    for label, spec, failure in opened[len(done):]:
+        done.append(TargetResult(target=label, claims=[], results=[failure],
+                                 sandbox=list(getattr(failure, "sandboxes", [])))
+                    if spec is None else not_started(spec, label, why))
+    return Interrupted(cause, targets=done)
 
 
 class Stopped(NamedTuple):

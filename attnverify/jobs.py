@@ -19,10 +19,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from attnverify.atomic import write_text_atomic
-from attnverify.errors import UsageError
+from attnverify.errors import Interrupted, UsageError, interrupt_on_signals, interrupt_signal
 
 #: Options of a certify command line that take a value and that each job gets its own of.
 _OWN_VALUE = ("--json", "--markdown", "--jobs", "--shard", "--xfails", "--seed")
@@ -30,6 +31,15 @@ _OWN_VALUE = ("--json", "--markdown", "--jobs", "--shard", "--xfails", "--seed")
 _OWN_FLAG = ("--quiet",)
 #: The environment variable that sets the default number of jobs.
 JOBS_ENV = "ATTNVERIFY_JOBS"
+#: Set in a job's environment: its parent prints the run's lines (the stop's included).
+IN_JOB_ENV = "ATTNVERIFY_IN_JOB"
+#: Seconds the jobs of a stopped run get to write the part they finished before they are killed.
+STOP_GRACE_S = 20.0
+
+
+def in_job() -> bool:
+    """Whether this process is a job of ``certify --jobs``."""
+    return os.environ.get(IN_JOB_ENV) == "1"
 
 
 def cores() -> int:
@@ -104,7 +114,10 @@ def certify_on_jobs(args, targets: list[str], ctx, xfails) -> int | None:
     from attnverify import report  # dispatch: torch, imported by the command that calls this
     from attnverify.xfails import check_entries  # dispatch: with report
 
-    data = run_jobs(args.argv, jobs, ctx, quiet=args.quiet)
+    try:
+        data = run_jobs(args.argv, jobs, ctx, quiet=args.quiet)
+    except Interrupted as exc:  # Ctrl-C or a terminating signal: what the jobs finished
+        return report.finish_interrupted(args, exc.data, xfails, exc)
     if xfails is not None:
         check_entries(xfails, [f"{t['target']}::{r['property']}" for t in data["targets"]
                                for r in t["results"]])
@@ -115,18 +128,26 @@ def run_jobs(argv: list[str], n: int, ctx, *, quiet: bool) -> dict:
     """Run the certify command ``argv`` as ``n`` jobs and return the merged certificate (as the
     serial run writes it: no ``merged_from``, this process's pid). Each job's progress lines go to
     standard error as it runs (its verdict lines, of a partial certificate, nowhere). A job that
-    ends without its part is a usage error naming it (its own message on standard error)."""
+    ends without its part is a usage error naming it (its own message on standard error).
+    Stopped by Ctrl-C or a terminating signal, the jobs are stopped the same way, each writes
+    the part it finished, and :class:`Interrupted` carries the merge of those parts (units not
+    finished ``not_checked``); where none was written, the interrupt goes on as it came."""
     # dispatch: the merge (and its modules) only on a run with jobs
     from attnverify.merge import check_together, load_part, merge_parts
-
 
     with tempfile.TemporaryDirectory(prefix="attnverify-jobs-") as tmp:
         paths = [os.path.join(tmp, f"part{k}.json") for k in range(1, n + 1)]
         commands = [job_argv(argv, k, n, ctx.seed, path, quiet)
                     for k, path in enumerate(paths, start=1)]
-        ended = _forked_jobs(commands, tmp, quiet) if _can_fork() else None
-        if ended is None:
-            ended = _spawned_jobs(commands, quiet)
+        try:
+            ended = _forked_jobs(commands, tmp, quiet) if _can_fork() else None
+            if ended is None:
+                ended = _spawned_jobs(commands, quiet)
+        except KeyboardInterrupt as exc:
+            data = _stopped_parts(paths, exc, load_part, check_together, merge_parts)
+            if data is None:
+                raise
+            raise Interrupted(exc, data=_as_serial(data, ctx)) from None
         usage = [_read(os.path.join(tmp, f"usage{k}")) for k in range(1, n + 1)]
         first = next((text for text in usage if text), None)
         if first:  # the same bad input in every job: one line for all (exit 2)
@@ -141,10 +162,31 @@ def run_jobs(argv: list[str], n: int, ctx, *, quiet: bool) -> dict:
             parts.append((path, load_part(path)))
         check_together(parts)
         data = merge_parts(parts)
+    return _as_serial(data, ctx)
+
+
+def _as_serial(data: dict, ctx) -> dict:
+    """The merged certificate as the serial run writes it: no ``merged_from``, this pid."""
     data.pop("merged_from", None)
     data.pop("missing_shards", None)
     data["checker_pid"] = os.getpid()
     data["seed_source"] = getattr(ctx, "seed_source", "fixed")
+    return data
+
+
+def _stopped_parts(paths: list[str], exc: KeyboardInterrupt, load_part, check_together,
+                   merge_parts) -> dict | None:
+    """The merge of the parts the jobs of a stopped run wrote (the units of a job that wrote
+    none ``not_checked`` too), marked ``interrupted``; ``None`` where no usable part was
+    written."""
+    try:
+        parts = [(path, load_part(path)) for path in paths if os.path.exists(path)]
+        if not parts:
+            return None
+        check_together(parts)
+        data = merge_parts(parts, stopped=signal.Signals(interrupt_signal(exc)).name)
+    except UsageError:
+        return None
     return data
 
 
@@ -185,17 +227,16 @@ def _spawned_jobs(commands: list[list[str]], quiet: bool) -> list[tuple[int, byt
     """Each job a new ``python -m attnverify`` process (where this one cannot fork):
     ``[(exit code, its standard error where quiet)]``."""
     procs = []
+    env = {**os.environ, IN_JOB_ENV: "1"}
     try:
         for command in commands:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "attnverify", *command], stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=None if not quiet else subprocess.PIPE))
+                stdout=subprocess.DEVNULL, stderr=None if not quiet else subprocess.PIPE,
+                env=env))
         errors = [p.communicate()[1] for p in procs]
-    except BaseException:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
+    except BaseException as exc:
+        _stop([p.pid for p in procs], exc)
         raise
     return [(p.returncode, err) for p, err in zip(procs, errors)]
 
@@ -232,19 +273,43 @@ def _forked_jobs(commands: list[list[str]], tmp: str,
                 zsock.close()
             pids.append(pid)
         codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
-    except BaseException:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        for pid in pids:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
+    except BaseException as exc:
+        _stop(pids, exc)
         raise
     return [(code, _read(err)) for code, err in zip(codes, errs)]
+
+
+def _stop(pids: list[int], exc: BaseException) -> None:
+    """Stop the jobs ``pids`` of a run that ``exc`` ended, and reap them. Ctrl-C or a
+    terminating signal is passed on (a job stops once, writing the part it finished) and the
+    jobs get :data:`STOP_GRACE_S` seconds before they are killed; any other end kills them."""
+    if isinstance(exc, KeyboardInterrupt):
+        _signal(pids, interrupt_signal(exc))
+        deadline = time.monotonic() + STOP_GRACE_S
+        pending = set(pids)
+        while pending and time.monotonic() < deadline:
+            for pid in list(pending):
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                        pending.discard(pid)
+                except ChildProcessError:
+                    pending.discard(pid)
+            if pending:
+                time.sleep(0.02)
+    _signal(pids, signal.SIGKILL)
+    for pid in pids:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def _signal(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
 
 
 def _read(path: str) -> bytes | None:
@@ -256,11 +321,12 @@ def _read(path: str) -> bytes | None:
 
 
 def _tied_to(parent: int) -> None:
-    """In a forked job: Ctrl-C left to the parent (which kills the jobs: one ``interrupted``
-    line, not one per job), and killed with the parent if it dies first."""
+    """In a forked job: Ctrl-C and the terminating signals stop it once, as they stop the
+    parent (which passes them on, then prints the one line for all: :data:`IN_JOB_ENV`), so
+    that it writes the part it finished; killed with the parent if it dies first."""
     from attnverify.worker import PR_SET_PDEATHSIG, _prctl  # dispatch: imported by remote
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    interrupt_on_signals()  # Ctrl-C to the terminal's group, or the parent's stop: once
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the line above
         os._exit(1)
@@ -273,6 +339,7 @@ def _job_main(command: list[str], zpid: int, zsock, err: str | None, usage: str)
     once (exit 2); never returns."""
     code = 70
     try:
+        os.environ[IN_JOB_ENV] = "1"
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 0)
         os.dup2(devnull, 1)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attnverify.errors import UsageError
+from attnverify.errors import UsageError, signal_word
 from attnverify.shard import unit_id
 from attnverify.xfails import check_entries, load_xfails
 
@@ -97,10 +97,12 @@ def _short(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def merge_parts(parts: list[tuple[str, dict]]) -> dict[str, Any]:
+def merge_parts(parts: list[tuple[str, dict]], stopped: str | None = None) -> dict[str, Any]:
     """The merged certificate of ``parts`` (``[(path, data)]``, already :func:`check_together`):
     the unsharded run's certificate, with ``merged_from`` (each part's shard, machine and checker
-    pid) and ``missing_shards`` (the shards not given)."""
+    pid) and ``missing_shards`` (the shards not given). ``stopped``: the signal's name where the
+    run was stopped (``certify --jobs`` interrupted), or a part says it was (``interrupted``):
+    the units not run did not finish, and the certificate says ``interrupted``."""
     # torch-free: on the parser's path (jobs imports merge)
     from attnverify.certify import PropertyResult, TargetResult, combine
 
@@ -114,6 +116,10 @@ def merge_parts(parts: list[tuple[str, dict]]) -> dict[str, Any]:
     missing_text = (f"belong to shard{'s' if len(missing) > 1 else ''} "
                     f"{', '.join(f'{k}/{count}' for k in missing)}, which was not merged"
                     if missing else "")
+    stopped = stopped or next((d["interrupted"] for _, d in parts
+                               if isinstance(d.get("interrupted"), str)), None)
+    if stopped:
+        missing_text = f"did not finish: the run was {signal_word(stopped)}"
     targets = []
     for ti, head in enumerate(first["targets"]):
         name = head["target"]
@@ -159,6 +165,8 @@ def merge_parts(parts: list[tuple[str, dict]]) -> dict[str, Any]:
                            "checker_pid": d.get("checker_pid"), "machine": d.get("machine")}
                           for path, d in sorted(parts, key=lambda p: p[1]["shard"]["index"])]
     out["missing_shards"] = [f"{k}/{count}" for k in missing]
+    if stopped:
+        out["interrupted"] = stopped
     return out
 
 
@@ -211,6 +219,10 @@ def run_merge_command(args) -> int:
         check_entries(xfails, [f"{t['target']}::{r['property']}" for t in data["targets"]
                                for r in t["results"]])
     code = report.finish_certify(args, data, xfails)
+    if data.get("interrupted"):
+        print(f"merge: incomplete: a part's run was {signal_word(data['interrupted'])} before "
+              "all its units finished; they are not_checked", file=sys.stderr)
+        code = max(code, 1)
     if data["missing_shards"]:
         print(f"merge: incomplete: shard{'s' if len(data['missing_shards']) > 1 else ''} "
               f"{', '.join(data['missing_shards'])} missing; their units are not_checked",

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from attnverify.attention.coverage import describe as describe_attention
 from attnverify.certify import TargetResult
 from attnverify.checks.base import Context
 from attnverify.coverage import describe, describe_difference
-from attnverify.errors import UsageError
+from attnverify.errors import UsageError, interrupt_exit_code, interrupt_signal, interrupt_word
 from attnverify.registry import builtin_ids
 from attnverify.xfails import apply_xfails
 
@@ -385,6 +387,27 @@ def markdown(data: dict[str, Any]) -> str:
                              else ""), "", "```", ce["repro"], "```"]
         lines.append("")
     return "\n".join(lines)
+
+
+def finish_interrupted(args, data: dict, xfails, exc: KeyboardInterrupt, *,
+                       silent: bool = False) -> int:
+    """Write and print the certificate of a certify run stopped by Ctrl-C or a terminating
+    signal (``exc``): what finished, every property that did not ``not_checked``, and
+    ``interrupted`` (the signal's name); one line saying so (none where ``silent``: a job,
+    whose parent says it once); the exit code 128 + the signal."""
+    data["interrupted"] = signal.Signals(interrupt_signal(exc)).name
+    try:
+        finish_certify(args, data, xfails)
+    except UsageError:  # "nothing could be checked": the line below says what happened
+        pass
+    if not silent:
+        results = [r for t in data["targets"] for r in t["results"]]
+        done = sum(r["status"] != "not_checked" for r in results)
+        outputs = [path for path in (args.json_path, args.markdown_path) if path]
+        where = f"; written to {' and '.join(outputs)}" if outputs else ""
+        print(f"attnverify: {interrupt_word(exc)}: {done} of {len(results)} properties "
+              f"finished, the others are not_checked{where}", file=sys.stderr)
+    return interrupt_exit_code(exc)
 
 
 def finish_certify(args, data: dict, xfails) -> int:

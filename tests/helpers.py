@@ -17,10 +17,17 @@ TOL = tol_for(F64)
 #: inherits SIGINT and SIGQUIT *ignored* (POSIX), every process it starts inherits that, and
 #: Python installs no ``KeyboardInterrupt`` handler for an ignored SIGINT: the command would never
 #: see the Ctrl-C the test sends. This launcher resets SIGINT and ``exec``s the interpreter in its
-#: own process, so the pid the test signals is the command's.
+#: own process, so the pid the test signals is the command's. ``SIGTERM`` and ``SIGHUP`` are
+#: reset too (``nohup`` ignores the latter), for the tests that stop a run with them.
 PYTHON_WITH_CTRL_C = [sys.executable, "-c",
-                      "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                      "import os, signal, sys\n"
+                      "for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):\n"
+                      "    signal.signal(sig, signal.SIG_DFL)\n"
                       "os.execv(sys.executable, [sys.executable] + sys.argv[1:])"]
+
+#: ``(signal, exit code, the word the command's last line ends with)`` for each way a run is
+#: stopped from outside and keeps what it finished: Ctrl-C, and a CI job cancelled or timed out.
+STOPS = [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated (SIGTERM)")]
 
 
 def close(actual, expected, what: str, tol: Tol = TOL, rtol: float | None = None) -> None:

@@ -226,3 +226,35 @@ def test_help_and_readme_state_the_time_limits(capsys):
         assert f"{name} {limits['timeout_s']} s" in text
         assert re.search(rf"^\| `{name}` \|.*\| {limits['timeout_s']} s \|$", readme, flags=re.M)
     assert "--no-isolation" in text
+
+
+def test_sigterm_is_an_interrupt_unless_the_caller_chose_otherwise():
+    """Inside a command, SIGTERM (and SIGHUP) at their default disposition raise
+    ``Terminated`` once (exit 143), a second one during the unwinding is ignored, and a signal
+    the caller ignores (``nohup``) or handles stays so; all of it is restored afterwards."""
+    import os
+    import signal
+
+    from attnverify.errors import Terminated, interrupt_exit_code, terminating_as_interrupt
+
+    def handler(*_):
+        raise AssertionError("the caller's own handler")
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        with pytest.raises(Terminated) as caught, terminating_as_interrupt():
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN  # nohup: left alone
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+            finally:
+                os.kill(os.getpid(), signal.SIGTERM)  # during the unwinding: ignored
+        assert interrupt_exit_code(caught.value) == 143
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        signal.signal(signal.SIGTERM, handler)
+        with terminating_as_interrupt():
+            assert signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        for sig, previous in before.items():
+            signal.signal(sig, previous)

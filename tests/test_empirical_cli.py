@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON_WITH_CTRL_C
+from helpers import PYTHON_WITH_CTRL_C, STOPS
 
 from attnverify.empirical import cli, models, text
 from attnverify.empirical.store import CheckpointStore
@@ -360,7 +360,10 @@ def test_failing_normalizers_are_reported_and_the_others_kept(tmp_path, capsys, 
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT")
-def test_ctrl_c_is_exit_130_with_one_line_and_the_checkpoints_kept(tmp_path):
+@pytest.mark.parametrize("sig, code, word", STOPS)
+def test_ctrl_c_is_exit_130_with_one_line_and_the_checkpoints_kept(tmp_path, sig, code, word):
+    """Ctrl-C is exit 130, SIGTERM (a CI job cancelled) 143: one line, finished experiments
+    kept."""
     out = tmp_path / "run"
     cmd = PYTHON_WITH_CTRL_C + ["-m", "attnverify.empirical"] + QUICK + [
         "--out", str(out), "--experiments", "rank_collapse,training",  # no model to load
@@ -375,9 +378,9 @@ def test_ctrl_c_is_exit_130_with_one_line_and_the_checkpoints_kept(tmp_path):
             proc.kill()
             pytest.fail(f"rank_collapse never finished: {proc.communicate()[1]}")
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, sig))
     _, err = proc.communicate(timeout=120)
-    assert_one_line(proc.returncode, err, 130, "interrupted", "--resume")
+    assert_one_line(proc.returncode, err, code, f"attnverify empirical: {word};", "--resume")
     assert CheckpointStore(out).path("rank_collapse") == done
     assert "sha256" in json.loads(done.read_text(encoding="utf-8"))
     assert not (out / "results.json").exists()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import PYTHON_WITH_CTRL_C
+from helpers import PYTHON_WITH_CTRL_C, STOPS
 from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase
 
 import attnverify
@@ -371,7 +371,10 @@ def _processes_with(marker: str) -> list[int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
-def test_ctrl_c_stops_every_worker_and_leaves_no_process(tmp_path):
+@pytest.mark.parametrize("sig, code, word", STOPS)
+def test_ctrl_c_stops_every_worker_and_leaves_no_process(tmp_path, sig, code, word):
+    """Ctrl-C, or SIGTERM (a CI job cancelled or past its limit), stops the workers, which
+    save what they found, and leaves no process behind."""
     marker = f"ATTNVERIFY_TEST_RUN={tmp_path.name}-{os.getpid()}"
     name, value = marker.split("=")
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / ".cache-home"), **{name: value})
@@ -387,14 +390,14 @@ def test_ctrl_c_stops_every_worker_and_leaves_no_process(tmp_path):
         while time.monotonic() < deadline and len(_processes_with(marker)) < 5:
             time.sleep(0.1)  # the parent, its two workers and their zygotes: searching
         assert len(_processes_with(marker)) >= 5, "the workers did not start"
-        proc.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C sends the foreground process
+        proc.send_signal(getattr(signal, sig))  # SIGINT: what a terminal's Ctrl-C sends
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert "attnverify: stopped 2 workers; what they found is kept in the database" in err
-    assert err.rstrip().endswith("attnverify: interrupted") and "Traceback" not in err
+    assert err.rstrip().endswith(f"attnverify: {word}") and "Traceback" not in err
     deadline = time.monotonic() + 10  # a zygote exits once its worker's socket closes
     while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)

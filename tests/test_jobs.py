@@ -321,3 +321,52 @@ def test_falsify_defers_torch_dynamo_for_a_bound_without_a_jacobian(monkeypatch,
     monkeypatch.setattr(falsify, "run_falsify_command", lambda args, isolated: 0)
     assert main(["falsify", "softmax", inequality, "--workers", str(workers)]) == 0
     assert seen == ([] if defers is None else [defers])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals, /proc")
+@pytest.mark.parametrize("jobs, sig, code", [("1", "SIGTERM", 143), ("2", "SIGINT", 130)])
+def test_a_stopped_run_writes_the_certificate_of_what_it_finished(tmp_path, jobs, sig, code):
+    """Ctrl-C, or SIGTERM (a CI job cancelled or past its limit), part-way through a run, serial
+    or on jobs: the certificate is written with every property that finished as it finished
+    (the console reported it), each other one ``not_checked`` saying why, the incomplete
+    targets ``not_checked``, ``interrupted`` naming the signal; exit 128 + the signal, one
+    line, no traceback."""
+    import signal
+
+    from helpers import PYTHON_WITH_CTRL_C
+
+    out = tmp_path / "cert.json"
+    proc = subprocess.Popen(
+        PYTHON_WITH_CTRL_C + ["-m", "attnverify", "certify", "softmax", "sparsemax", "ssmax",
+                              "--profile", "ci", "--jobs", jobs, "--json", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    reported = {}
+    try:
+        while len(reported) < 6:  # six properties reported finished, far from the end
+            line = proc.stderr.readline()
+            assert line, f"the run ended first: exit {proc.wait()}"
+            if " … " in line and "[" not in line:  # a property's whole result (no shard label)
+                name, rest = line.strip().split(" … ")
+                reported[name] = rest.split(" ")[0]
+        proc.send_signal(getattr(signal, sig))
+        err = proc.stderr.read()
+        assert proc.wait(60) == code, err
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "Traceback" not in err
+    last = err.rstrip().splitlines()[-1]
+    word = "interrupted" if sig == "SIGINT" else f"terminated ({sig})"
+    assert last.startswith(f"attnverify: {word}: ") and str(out) in last, err
+    data = json.loads(out.read_text(encoding="utf-8"))
+    assert data["interrupted"] == sig
+    status = {f"{t['target']}: {r['property']}": r["status"]
+              for t in data["targets"] for r in t["results"]}
+    assert {name: status[name] for name in reported} == reported
+    unfinished = [r for t in data["targets"] for r in t["results"] if r["status"] == "not_checked"]
+    assert unfinished, "the run ended before the signal"
+    # (on jobs, a property's units may be split: those that finished keep their results)
+    assert all(r["message"].endswith(f"did not finish: the run was {word}") and
+               any(u["status"] == "not_checked" for u in r["units"]) for r in unfinished)
+    assert data["targets"][-1]["verdict"] == "not_checked"  # ssmax: never finished
+    assert f"{len(status) - len(unfinished)} of {len(status)} properties finished" in last

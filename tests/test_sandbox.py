@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from helpers import STOPS
 
 from attnverify import sandbox
 from attnverify.cli import main
@@ -233,9 +234,12 @@ def test_nothing_is_left_in_the_temporary_directory_by_a_checker_killed_outright
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
-def test_nothing_is_left_in_the_temporary_directory_by_a_run_stopped_with_ctrl_c(tmp_path):
-    """Ctrl-C while two forked jobs run (their clones and workers killed, not closed): every
-    worker's directory was made beneath one that the command removes as it exits."""
+@pytest.mark.parametrize("sig, code, word", STOPS)
+def test_nothing_is_left_in_the_temporary_directory_by_a_run_stopped_with_ctrl_c(tmp_path, sig,
+                                                                                  code, word):
+    """Ctrl-C (or SIGTERM: a CI job cancelled) while two forked jobs run (their clones and
+    workers killed, not closed): every worker's directory was made beneath one that the command
+    removes as it exits."""
     import signal
     import time
 
@@ -253,13 +257,15 @@ def test_nothing_is_left_in_the_temporary_directory_by_a_run_stopped_with_ctrl_c
         while len(list(scratch.rglob("attnverify-worker-*"))) < 4:
             assert proc.poll() is None and time.monotonic() < deadline, "no workers started"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 130
+        proc.send_signal(getattr(signal, sig))
+        assert proc.wait(60) == code
     finally:
         proc.kill()
         proc.wait()
-    assert [p.name for p in scratch.iterdir() if p.name.startswith("attnverify-")] == [], \
-        proc.stderr.read().decode()
+    err = proc.stderr.read().decode()
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("attnverify-")] == [], err
+    last = err.rstrip().splitlines()[-1]
+    assert last.startswith(f"attnverify: {word}: ") and "Traceback" not in err, err
 
 
 def test_a_directory_the_user_allows(capsys, tmp_path, bait, monkeypatch):

@@ -203,6 +203,35 @@ def test_a_missing_shard_leaves_its_units_not_checked(capsys, runs):
         {u.rsplit("::", 2)[0] for u in plan if u.startswith("softmax::")}
 
 
+def test_a_part_of_a_stopped_run_merges_with_its_unfinished_units_not_checked(capsys, runs):
+    """A shard stopped part-way (``certify --shard`` under SIGTERM) writes the units it
+    finished and ``interrupted``: the merge keeps those, leaves the others ``not_checked``
+    saying so, says ``interrupted`` too and is exit 1 (incomplete)."""
+    tmp, _ = runs
+    part = json.loads((tmp / "p2.json").read_text())
+    part["interrupted"] = "SIGTERM"
+    dropped = set()
+    for t in part["targets"]:
+        for r in t["results"]:
+            for u in r["units"]:
+                if u.get("result") and len(dropped) < 3:
+                    dropped.add(f"{t['target']}: {r['property']}")
+                    u.pop("result")
+                    u["status"] = "not_checked"
+    assert dropped
+    merged = tmp / "stopped.json"
+    code, _, err = cli(capsys, "merge", tmp / "p1.json", _write(tmp / "p2s.json", part),
+                       tmp / "p3.json", "--json", merged)
+    assert code == 1 and "interrupted" not in err and "terminated (SIGTERM)" in err, err
+    got = json.loads(merged.read_text())
+    assert got["interrupted"] == "SIGTERM" and got["missing_shards"] == []
+    unrun = {f"{t['target']}: {r['property']}": r for t in got["targets"]
+             for r in t["results"] if r["status"] == "not_checked"}
+    assert dropped <= set(unrun)
+    assert all(r["message"].endswith("did not finish: the run was terminated (SIGTERM)")
+               for r in unrun.values())
+
+
 def _write(path: Path, data: dict) -> Path:
     path.write_text(json.dumps(data))
     return path

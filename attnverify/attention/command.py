@@ -13,11 +13,16 @@ import dataclasses
 
 from attnverify import remote, report
 from attnverify.attention.loader import load_attention
-from attnverify.attention.run import certify_attention, resolve_claims, units_of
+from attnverify.attention.run import (
+    certify_attention,
+    not_started_attention,
+    resolve_claims,
+    units_of,
+)
 from attnverify.certify import TargetResult, progress_line
 from attnverify.errors import UsageError
-from attnverify.isolation import close, open_targets
-from attnverify.jobs import certify_on_jobs, mark_clean
+from attnverify.isolation import close, open_targets, stopped_run
+from attnverify.jobs import certify_on_jobs, in_job, mark_clean
 from attnverify.registry import builtins, parse_params
 from attnverify.runconfig import context_from_args
 from attnverify.shard import check_options, make_shard
@@ -71,12 +76,21 @@ def _certify_opened(args, targets, params, claims, ctx, xfails) -> int:
         ctx = dataclasses.replace(ctx, shard=make_shard(*args.shard_spec, units))
     progress = None if args.quiet else progress_line
     results = []
-    for (label, _, failure), spec in zip(opened, specs):
-        if spec is None:
-            results.append(TargetResult(target=label, claims=[], results=[failure],
-                                        sandbox=list(getattr(failure, "sandboxes", []))))
-            continue
-        results.append(certify_attention(spec, claims, ctx, label=label, progress=progress))
-        close(spec)
+    try:
+        for (label, _, failure), spec in zip(opened, specs):
+            if spec is None:
+                results.append(TargetResult(target=label, claims=[], results=[failure],
+                                            sandbox=list(getattr(failure, "sandboxes", []))))
+                continue
+            results.append(certify_attention(spec, claims, ctx, label=label, progress=progress))
+            close(spec)
+    except KeyboardInterrupt as exc:  # Ctrl-C or a terminating signal: what finished is written
+        stopped = stopped_run(exc, results, [(label, spec, failure) for (label, _, failure), spec
+                                             in zip(opened, specs)],
+                              lambda spec, label, why: not_started_attention(spec, claims, ctx,
+                                                                             label, why))
+        remote.shutdown()
+        return report.finish_interrupted(args, report.certificate(stopped.targets, ctx), xfails,
+                                         stopped, silent=in_job())
     remote.shutdown()  # no process of the code under test outlives the run's results
     return report.finish_certify(args, report.certificate(results, ctx), xfails)

@@ -19,14 +19,16 @@ from attnverify.attention.properties import ATTENTION_PROPERTIES
 from attnverify.attention.spec import AttentionSpec
 from attnverify.certify import (
     TargetResult,
+    fill_unfinished,
     make_context,
     run_property,
     side_effects,
     triton_execution,
+    unfinished_reason,
 )
 from attnverify.checks import LAST, PROPERTIES, properties_for
 from attnverify.checks.base import monitor_of
-from attnverify.errors import UsageError
+from attnverify.errors import Interrupted, UsageError
 from attnverify.registry import builtins
 from attnverify.shard import dtype_name, unit_id
 
@@ -98,10 +100,21 @@ def _skip_reason(a: AttentionSpec, prop_id: str) -> str:
     return ""
 
 
+def _head(a: AttentionSpec, spec, chosen: list[str], label: str | None, execution,
+          cap) -> TargetResult:
+    """The result of a kernel before any property ran."""
+    return TargetResult(target=label or a.target or a.id,
+                        claims=list(dict.fromkeys([*chosen, *spec.claims])),
+                        params=dict(a.params), reference=a.reference or a.normalizer,
+                        reference_owner="checker", attention=kernel_record(a),
+                        execution=execution, call_cap=cap)
+
+
 def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=None, *,
                       label: str | None = None, progress=None, skip=()):
     """Every normalizer property of the lifted kernel and every attention property (except
-    those in ``skip``, by id)."""
+    those in ``skip``, by id). Ctrl-C or a terminating signal raises :class:`Interrupted`
+    with the result: the properties that finished, the others ``not_checked``."""
 
     ctx = ctx or make_context()
     execution, cap = triton_execution(a.fn, ctx, attention=True)
@@ -110,18 +123,19 @@ def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=Non
                                   max_programs=(cap["batch_heads"], cap["queries"]))
     chosen = resolve_claims(a, claims)
     spec = _lifted(a, chosen)
-    result = TargetResult(target=label or a.target or a.id,
-                          claims=list(dict.fromkeys([*chosen, *spec.claims])),
-                          params=dict(a.params), reference=a.reference or a.normalizer,
-                          reference_owner="checker", attention=kernel_record(a),
-                          execution=execution, call_cap=cap)
-    for prop_id, pctx in property_plan(a, spec, chosen, ctx):
-        if prop_id in skip:
-            continue
-        res = run_one(a, chosen, prop_id, pctx, label=result.target)
-        result.results.append(res)
-        if progress is not None:
-            progress(result.target, res)
+    result = _head(a, spec, chosen, label, execution, cap)
+    planned = [(prop_id, pctx) for prop_id, pctx in property_plan(a, spec, chosen, ctx)
+               if prop_id not in skip]
+    stopped = None
+    try:
+        for prop_id, pctx in planned:
+            res = run_one(a, chosen, prop_id, pctx, label=result.target)
+            result.results.append(res)
+            if progress is not None:
+                progress(result.target, res)
+    except KeyboardInterrupt as exc:  # Ctrl-C or a terminating signal: keep what finished
+        stopped = exc
+        fill_unfinished(result, _planned_units(spec, planned), unfinished_reason(exc))
 
     monitor = monitor_of(spec)
     if monitor is not None:
@@ -131,6 +145,30 @@ def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=Non
         if getattr(ctx, "shard", None) is not None:
             result.side_effects = side_effects(monitor, dict(a.params))
     result.runtime = dict(getattr(a.fn, "runtime", None) or {})
+    if stopped is not None:
+        raise Interrupted(stopped, targets=[result])
+    return result
+
+
+def _planned_units(spec, planned) -> list[tuple[str, list[str]]]:
+    """``[(property id, its unit dtypes)]`` of ``planned`` (``[(property id, context)]``)."""
+    return [(prop_id, [dtype_name(d) for d in
+                       (PROPERTIES.get(prop_id) or ATTENTION_PROPERTIES[prop_id])
+                       .unit_dtypes(spec, pctx)])
+            for prop_id, pctx in planned]
+
+
+def not_started_attention(a: AttentionSpec, claims: list[str] | None, ctx, label: str,
+                          why: str):
+    """A kernel a stopped run never reached: every planned property ``not_checked``."""
+    execution, cap = triton_execution(a.fn, ctx, attention=True)
+    if cap:
+        ctx = dataclasses.replace(ctx, max_rows=cap["rows"],
+                                  max_programs=(cap["batch_heads"], cap["queries"]))
+    chosen = resolve_claims(a, claims)
+    spec = _lifted(a, chosen)
+    result = _head(a, spec, chosen, label, execution, cap)
+    fill_unfinished(result, _planned_units(spec, property_plan(a, spec, chosen, ctx)), why)
     return result
 
 

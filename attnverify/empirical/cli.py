@@ -15,7 +15,12 @@ from pathlib import Path
 
 from attnverify.empirical import config as cfg
 from attnverify.empirical.config import HEAVY_KEYS
-from attnverify.errors import UsageError
+from attnverify.errors import (
+    UsageError,
+    interrupt_exit_code,
+    interrupt_word,
+    terminating_as_interrupt,
+)
 
 HELP = "run paper A's five experiments and paper B's rank-collapse check on a causal LM"
 DESCRIPTION = (
@@ -185,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``attnverify empirical``; bad input raises :class:`UsageError` (exit 2).
 
     Every option is checked, the packages the run needs are imported and ``--out`` is made
-    before the model loads. Ctrl-C returns 130 with the finished experiments' checkpoints kept.
+    before the model loads. Ctrl-C returns 130 (SIGTERM 143) with the finished experiments'
+    checkpoints kept.
     """
     config = config_from_args(args)
     cfg.validate_settings(config)
@@ -196,10 +202,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         document = run_pipeline(config)
-    except KeyboardInterrupt:
-        print(f"attnverify empirical: interrupted; finished experiments are kept in "
+    except KeyboardInterrupt as exc:  # Ctrl-C, or a terminating signal (Terminated)
+        print(f"attnverify empirical: {interrupt_word(exc)}; finished experiments are kept in "
               f"{out / 'checkpoints'} (run again with --resume to reuse them)", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return interrupt_exit_code(exc)
     except UsageError:
         _remove_empty(out, created)
         raise
@@ -226,10 +232,6 @@ def _out_of_memory(exc: BaseException) -> bool:
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0][:200] if lines else type(exc).__name__
-
-
-#: Exit status after Ctrl-C (128 + SIGINT), as the main CLI.
-EXIT_INTERRUPTED = 130
 
 
 def _require_packages(config: cfg.RunConfig) -> None:
@@ -307,17 +309,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m attnverify.empirical``: exit 0 done, 2 bad input, 130 interrupted."""
+    """``python -m attnverify.empirical``: exit 0 done, 2 bad input, 130 interrupted (143
+    terminated)."""
     try:
-        parser = _Parser(prog="python -m attnverify.empirical", description=DESCRIPTION)
-        add_arguments(parser)
-        return run(parser.parse_args(argv))
+        with terminating_as_interrupt():
+            parser = _Parser(prog="python -m attnverify.empirical", description=DESCRIPTION)
+            add_arguments(parser)
+            return run(parser.parse_args(argv))
     except UsageError as exc:
         print(f"attnverify empirical: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("attnverify empirical: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        print(f"attnverify empirical: {interrupt_word(exc)}", file=sys.stderr)
+        return interrupt_exit_code(exc)
 
 
 def _parse_normalizers(text):
