@@ -14,9 +14,9 @@ import sys
 
 from attnverify import report
 from attnverify.certify import example_database, fix_reference, fix_temperature, progress_line
-from attnverify.errors import Interrupted
+from attnverify.errors import Interrupted, in_job
 from attnverify.isolation import certify_all
-from attnverify.jobs import certify_on_jobs, in_job, mark_clean
+from attnverify.jobs import certify_on_jobs, mark_clean
 from attnverify.registry import builtin_ids, parse_params
 from attnverify.runconfig import context_from_args
 from attnverify.shard import check_options

@@ -16,6 +16,7 @@ from attnverify.empirical.cli import run as run_empirical
 from attnverify.errors import (
     UsageError,
     check_not_shadowed,
+    in_job,
     interrupt_exit_code,
     interrupt_word,
     terminating_as_interrupt,
@@ -199,7 +200,8 @@ def _main(argv: list[str] | None, raise_usage: bool = False) -> int:
         print(f"attnverify: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:  # Ctrl-C, or a terminating signal (Terminated)
-        print(f"attnverify: {interrupt_word(exc)}", file=sys.stderr)
+        if not in_job():  # a job's parent prints the line once for all its jobs
+            print(f"attnverify: {interrupt_word(exc)}", file=sys.stderr)
         return interrupt_exit_code(exc)
     except BrokenPipeError:
         return _reader_gone()

@@ -2,6 +2,7 @@
 termination signals that it turns into the interrupt Ctrl-C raises."""
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -61,6 +62,16 @@ def check_not_shadowed() -> None:
     raise UsageError(f"the directory {where} shadows the attnverify package (Python found it "
                      "first on its import path, from the current directory or PYTHONPATH): run "
                      "from another directory, or rename that one")
+
+
+#: Set in the environment of a job of ``certify --jobs`` (:mod:`attnverify.jobs`): its parent
+#: prints the run's lines, the stop's included.
+IN_JOB_ENV = "ATTNVERIFY_IN_JOB"
+
+
+def in_job() -> bool:
+    """Whether this process is a job of ``certify --jobs``."""
+    return os.environ.get(IN_JOB_ENV) == "1"
 
 
 #: The signals a run stops on as on Ctrl-C: a CI job cancelled or past its time limit

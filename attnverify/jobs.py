@@ -23,7 +23,13 @@ import time
 from pathlib import Path
 
 from attnverify.atomic import write_text_atomic
-from attnverify.errors import Interrupted, UsageError, interrupt_on_signals, interrupt_signal
+from attnverify.errors import (
+    IN_JOB_ENV,
+    Interrupted,
+    UsageError,
+    interrupt_on_signals,
+    interrupt_signal,
+)
 
 #: Options of a certify command line that take a value and that each job gets its own of.
 _OWN_VALUE = ("--json", "--markdown", "--jobs", "--shard", "--xfails", "--seed")
@@ -31,15 +37,8 @@ _OWN_VALUE = ("--json", "--markdown", "--jobs", "--shard", "--xfails", "--seed")
 _OWN_FLAG = ("--quiet",)
 #: The environment variable that sets the default number of jobs.
 JOBS_ENV = "ATTNVERIFY_JOBS"
-#: Set in a job's environment: its parent prints the run's lines (the stop's included).
-IN_JOB_ENV = "ATTNVERIFY_IN_JOB"
 #: Seconds the jobs of a stopped run get to write the part they finished before they are killed.
 STOP_GRACE_S = 20.0
-
-
-def in_job() -> bool:
-    """Whether this process is a job of ``certify --jobs``."""
-    return os.environ.get(IN_JOB_ENV) == "1"
 
 
 def cores() -> int:
@@ -360,6 +359,8 @@ def _job_main(command: list[str], zpid: int, zsock, err: str | None, usage: str)
             write_text_atomic(Path(usage), f"{exc}\n")
             code = 2
         remote.zygote().close()
+    except KeyboardInterrupt as exc:  # stopped before its command began: nothing to keep
+        code = 128 + interrupt_signal(exc)
     except BaseException:  # noqa: BLE001 - reported as the job's failure by the parent
         import traceback  # dispatch: only where the job itself broke
 

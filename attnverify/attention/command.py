@@ -20,9 +20,9 @@ from attnverify.attention.run import (
     units_of,
 )
 from attnverify.certify import TargetResult, progress_line
-from attnverify.errors import UsageError
+from attnverify.errors import UsageError, in_job
 from attnverify.isolation import close, open_targets, stopped_run
-from attnverify.jobs import certify_on_jobs, in_job, mark_clean
+from attnverify.jobs import certify_on_jobs, mark_clean
 from attnverify.registry import builtins, parse_params
 from attnverify.runconfig import context_from_args
 from attnverify.shard import check_options, make_shard
