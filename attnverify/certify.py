@@ -393,6 +393,8 @@ def certify_target(
                 progress(result.target, result.results[-1])
     except KeyboardInterrupt as exc:  # Ctrl-C or a terminating signal: keep what finished
         stopped = exc
+        if getattr(exc, "result", None) is not None:  # the property in progress, so far
+            result.results.append(exc.result)
         fill_unfinished(result, planned_units(props, spec, ctx), unfinished_reason(exc))
     if monitor is not None:
         result.worker_pids = list(dict.fromkeys(monitor.pids))
@@ -546,16 +548,26 @@ def run_property(
     (:func:`combine`). ``skip_reason``: every unit is ``not_applicable`` for that reason.
 
     Each unit has a share of the property's examples and its own seeded search; see
-    :func:`run_unit`."""
+    :func:`run_unit`. Ctrl-C or a terminating signal raises :class:`Interrupted` with the
+    property's result so far: its finished units, the unit in progress where it had a failure
+    in hand (:func:`_run_property`), the others not run."""
     units = []
-    for name, uctx in unit_contexts(prop, spec, ctx):
-        if select is not None and not select(name):
-            units.append((name, None))
-        elif skip_reason:
-            units.append((name, PropertyResult(prop.id, claimed, "not_applicable",
-                                               message=skip_reason)))
-        else:
-            units.append((name, run_unit(prop, spec, uctx, claimed=claimed)))
+    planned = unit_contexts(prop, spec, ctx)
+    try:
+        for name, uctx in planned:
+            if select is not None and not select(name):
+                units.append((name, None))
+            elif skip_reason:
+                units.append((name, PropertyResult(prop.id, claimed, "not_applicable",
+                                                   message=skip_reason)))
+            else:
+                units.append((name, run_unit(prop, spec, uctx, claimed=claimed)))
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, Interrupted) and exc.result is not None:
+            units.append((planned[len(units)][0], exc.result))  # its failure in hand
+        units += [(name, None) for name, _ in planned[len(units):]]
+        raise Interrupted(exc, result=combine(prop.id, claimed, units,
+                                              missing=unfinished_reason(exc))) from None
     return combine(prop.id, claimed, units)
 
 
@@ -722,20 +734,28 @@ def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
     if reason:
         return PropertyResult(prop.id, claimed, "not_applicable", message=reason)
     failures: list[tuple[Any, BaseException]] = []
-    for case in prop.explicit(spec, ctx):
-        try:
-            _evaluate(prop, spec, ctx, state, case)
-        except Exception as exc:  # noqa: BLE001 - classified below
-            failures.append((case, exc))
     try:
-        with seeded_generation():  # the same cases in every process for one seed
-            _hypothesis_test(prop, spec, ctx, state)()
-    except ShrinkStopped:  # the smallest failure the shrink reached in its budget
-        failures.append(state.shrink.best)
-        state.shrink_stopped = state.shrink.spent
-    except Exception as exc:  # noqa: BLE001 - classified below
-        exc = _unwrap(exc)
-        failures.append((getattr(exc, "attnverify_case", state.last), exc))
+        for case in prop.explicit(spec, ctx):
+            try:
+                _evaluate(prop, spec, ctx, state, case)
+            except Exception as exc:  # noqa: BLE001 - classified below
+                failures.append((case, exc))
+        try:
+            with seeded_generation():  # the same cases in every process for one seed
+                _hypothesis_test(prop, spec, ctx, state)()
+        except ShrinkStopped:  # the smallest failure the shrink reached in its budget
+            failures.append(state.shrink.best)
+            state.shrink_stopped = state.shrink.spent
+        except Exception as exc:  # noqa: BLE001 - classified below
+            exc = _unwrap(exc)
+            failures.append((getattr(exc, "attnverify_case", state.last), exc))
+    except KeyboardInterrupt as stop:  # a failure in hand (the battery's, the shrink's): kept
+        in_hand = failures + ([state.shrink.best] if state.shrink.best is not None else [])
+        if not in_hand:
+            raise
+        state.last, exc = _smallest(in_hand)
+        raise Interrupted(stop, result=_failed(prop, spec, ctx, claimed, state, start, exc,
+                                               interrupted=stop)) from None
     if state.deferred and not failures:
         verdict = _decide_deferred(state)
         if verdict is not None and verdict[0] == "not_applicable":
@@ -745,26 +765,45 @@ def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
             failures.append(verdict[1:])
     if not failures:
         return _finish(prop, claimed, "holds", state, start, "", None, spec, ctx)
-    # the normalizer's failures before any fault of the search (a flaky run, no valid case), then
-    # the smallest case, a violation before a raise
-    case, exc = min(failures, key=lambda f: (not isinstance(f[1], (Violation, NormalizerError)),
-                                             _size(f[0]), not isinstance(f[1], Violation)))
+    case, exc = _smallest(failures)
     found = exc
-    sequence.prepare(prop, spec, exc)  # the fresh worker of _in_sequence, loaded meanwhile
-    case, exc, state.reproduces = _exact_and_minimal(prop, spec, ctx, case, exc)
-    if isinstance(found, Deferred) and type(exc) is type(found):
-        exc = found  # the unit-wide message (how many other inputs were judged)
-    state.last = case
-    _in_sequence(prop, spec, ctx, state, case, exc)
+    try:
+        sequence.prepare(prop, spec, exc)  # the fresh worker of _in_sequence, loaded meanwhile
+        case, exc, state.reproduces = _exact_and_minimal(prop, spec, ctx, case, exc)
+        if isinstance(found, Deferred) and type(exc) is type(found):
+            exc = found  # the unit-wide message (how many other inputs were judged)
+        state.last = case
+        _in_sequence(prop, spec, ctx, state, case, exc)
+    except KeyboardInterrupt as stop:  # the failure in hand is kept, as it was found
+        state.last = case
+        raise Interrupted(stop, result=_failed(prop, spec, ctx, claimed, state, start, exc,
+                                               interrupted=stop)) from None
+    return _failed(prop, spec, ctx, claimed, state, start, exc)
+
+
+def _smallest(failures: list) -> tuple:
+    """The normalizer's failures before any fault of the search (a flaky run, no valid case),
+    then the smallest case, a violation before a raise."""
+    return min(failures, key=lambda f: (not isinstance(f[1], (Violation, NormalizerError)),
+                                         _size(f[0]), not isinstance(f[1], Violation)))
+
+
+def _failed(prop, spec, ctx, claimed, state, start, exc, interrupted=None) -> PropertyResult:
+    """The result of a unit that failed with ``exc`` on ``state.last``; ``interrupted``: the
+    run was stopped before that case was made exact, minimal and checked alone, which the
+    message says."""
+    note = "" if interrupted is None else \
+        f" (as found: the run was {interrupt_word(interrupted)} before it was shrunk)"
     if isinstance(exc, Violation):
-        return _finish(prop, claimed, "violated", state, start, exc.message, exc, spec, ctx)
+        return _finish(prop, claimed, "violated", state, start, exc.message + note, exc, spec,
+                       ctx)
     if isinstance(exc, NormalizerError):
         message = f"the normalizer raised {exc}"
     elif isinstance(exc, hypothesis.errors.Unsatisfiable):
         message = f"no valid case: {exc}"
     else:
         message = f"internal error in attnverify ({type(exc).__name__}: {_first_line(exc)})"
-    result = _finish(prop, claimed, "error", state, start, message, None, spec, ctx)
+    result = _finish(prop, claimed, "error", state, start, message + note, None, spec, ctx)
     if isinstance(exc, NormalizerError):  # where in its own code (remote.TargetRaised)
         result.traceback = getattr(exc.cause, "traceback", None) or None
     return result

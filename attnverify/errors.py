@@ -90,13 +90,16 @@ class Terminated(KeyboardInterrupt):
 
 
 class Interrupted(KeyboardInterrupt):
-    """A certify run stopped by Ctrl-C or a terminating signal (``cause``) that kept what it
-    finished: ``targets`` (:class:`~attnverify.certify.TargetResult`, the properties that did
-    not finish ``not_checked``), or ``data``, the certificate its jobs' parts merged into."""
+    """A certify run stopped by Ctrl-C or a terminating signal (``cause``, the original
+    interrupt) that kept what it finished: ``result``, the property in progress (its finished
+    units, a failure already in hand, the rest not run), ``targets``
+    (:class:`~attnverify.certify.TargetResult`, the properties that did not finish
+    ``not_checked``), or ``data``, the certificate its jobs' parts merged into."""
 
-    def __init__(self, cause: KeyboardInterrupt, *, targets=None, data=None):
+    def __init__(self, cause: KeyboardInterrupt, *, result=None, targets=None, data=None):
+        cause = getattr(cause, "cause", cause)  # an Interrupted passed on: its own cause
         super().__init__(getattr(cause, "signum", signal.SIGINT))
-        self.cause, self.targets, self.data = cause, targets, data
+        self.cause, self.result, self.targets, self.data = cause, result, targets, data
         if hasattr(cause, "signum"):
             self.signum = cause.signum
 

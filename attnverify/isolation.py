@@ -131,7 +131,7 @@ def stopped_run(exc: KeyboardInterrupt, results: list, opened: list, not_started
     done, then the one in progress with its finished properties), then each target of
     ``opened`` not reached, its every property ``not_checked`` (``not_started(spec, label,
     why)``; a target that failed to load keeps its ``load`` result)."""
-    cause = exc.cause if isinstance(exc, Interrupted) else exc
+    cause = getattr(exc, "cause", exc)
     done = list(results) + (list(exc.targets or []) if isinstance(exc, Interrupted) else [])
     why = unfinished_reason(cause)
     for label, spec, failure in opened[len(done):]:

@@ -282,25 +282,27 @@ def _stop(pids: list[int], exc: BaseException) -> None:
     """Stop the jobs ``pids`` of a run that ``exc`` ended, and reap them. Ctrl-C or a
     terminating signal is passed on (a job stops once, writing the part it finished) and the
     jobs get :data:`STOP_GRACE_S` seconds before they are killed; any other end kills them."""
-    if isinstance(exc, KeyboardInterrupt):
-        _signal(pids, interrupt_signal(exc))
-        deadline = time.monotonic() + STOP_GRACE_S
-        pending = set(pids)
-        while pending and time.monotonic() < deadline:
-            for pid in list(pending):
-                try:
-                    if os.waitpid(pid, os.WNOHANG)[0] == pid:
+    try:
+        if isinstance(exc, KeyboardInterrupt):
+            _signal(pids, interrupt_signal(exc))
+            deadline = time.monotonic() + STOP_GRACE_S
+            pending = set(pids)
+            while pending and time.monotonic() < deadline:  # a second Ctrl-C ends the wait
+                for pid in list(pending):
+                    try:
+                        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                            pending.discard(pid)
+                    except ChildProcessError:
                         pending.discard(pid)
-                except ChildProcessError:
-                    pending.discard(pid)
-            if pending:
-                time.sleep(0.02)
-    _signal(pids, signal.SIGKILL)
-    for pid in pids:
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
+                if pending:
+                    time.sleep(0.02)
+    finally:
+        _signal(pids, signal.SIGKILL)
+        for pid in pids:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
 
 
 def _signal(pids: list[int], signum: int) -> None:

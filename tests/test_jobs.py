@@ -370,3 +370,37 @@ def test_a_stopped_run_writes_the_certificate_of_what_it_finished(tmp_path, jobs
                any(u["status"] == "not_checked" for u in r["units"]) for r in unfinished)
     assert data["targets"][-1]["verdict"] == "not_checked"  # ssmax: never finished
     assert f"{len(status) - len(unfinished)} of {len(status)} properties finished" in last
+
+
+def test_a_failure_in_hand_when_the_run_is_stopped_is_kept(tmp_path, monkeypatch, capsys):
+    """The signal comes while a failure found is being shrunk: the property is reported
+    violated on the case as found (the message says it was not shrunk), not lost as
+    ``not_checked``; the properties after it are ``not_checked``; exit 143."""
+    import signal
+
+    from attnverify import certify
+    from attnverify.errors import Terminated
+
+    def stopped(*_args, **_kwargs):
+        raise Terminated(signal.SIGTERM)  # what the handler raises on SIGTERM
+
+    monkeypatch.setattr(certify, "_exact_and_minimal", stopped)
+    target = f"{Path(__file__).parent / 'fixtures' / 'planted.py'}:wrong_threshold_sparsemax"
+    out = tmp_path / "cert.json"
+    code = main(["certify", target, "--profile", "dev", "--max-examples", "20", "--jobs", "1",
+                 "--quiet", "--json", str(out)])
+    err = capsys.readouterr().err
+    assert code == 143, err
+    assert "attnverify: terminated (SIGTERM): 1 of " in err.splitlines()[-1]
+    target = json.loads(out.read_text(encoding="utf-8"))["targets"][0]
+    results = target["results"]
+    # the first property's first unit fails (the defect raises on a strided view): kept, its
+    # second unit not run, the target failed
+    kept = results[0]
+    assert kept["status"] == "error" and target["verdict"] == "failed"
+    assert [u["status"] for u in kept["units"]] == ["error", "not_checked"]
+    assert kept["message"].endswith("(as found: the run was terminated (SIGTERM) before it was "
+                                    "shrunk)"), kept["message"]
+    assert kept["counterexample"]["repro"].startswith("attnverify repro")
+    assert all(r["message"].endswith("did not finish: the run was terminated (SIGTERM)")
+               for r in results[results.index(kept) + 1:])

@@ -135,6 +135,8 @@ def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=Non
                 progress(result.target, res)
     except KeyboardInterrupt as exc:  # Ctrl-C or a terminating signal: keep what finished
         stopped = exc
+        if getattr(exc, "result", None) is not None:  # the property in progress, so far
+            result.results.append(exc.result)
         fill_unfinished(result, _planned_units(spec, planned), unfinished_reason(exc))
 
     monitor = monitor_of(spec)
@@ -229,8 +231,14 @@ def run_one(a: AttentionSpec, chosen: list[str], prop_id: str, ctx, *, label: st
     select = None if shard is None else shard.selector(label or a.target or a.id, prop_id,
                                                          ctx.device)
     start = time.perf_counter()
-    res = run_property(prop, _lifted(a, chosen), ctx, claimed=True, select=select,
-                       skip_reason=reason)
+    try:
+        res = run_property(prop, _lifted(a, chosen), ctx, claimed=True, select=select,
+                           skip_reason=reason)
+    except Interrupted as exc:  # the property's result so far, written as any other
+        if exc.result is not None:
+            exc.result.elapsed_s = time.perf_counter() - start
+            _attention_counterexample(exc.result, a, ctx)
+        raise
     res.elapsed_s = time.perf_counter() - start
     _attention_counterexample(res, a, ctx)
     return res
