@@ -172,11 +172,12 @@ def fill_unfinished(result: TargetResult, planned: list[tuple[str, list[str]]],
     done = {r.property: r for r in result.results}
     ids = {prop_id for prop_id, _ in planned}
     kept = [r for r in result.results if r.property not in ids]
-    result.results = kept + [done.get(prop_id) or _unfinished(prop_id, dtypes, why)
+    result.results = kept + [done.get(prop_id) or unfinished_result(prop_id, dtypes, why)
                              for prop_id, dtypes in planned]
 
 
-def _unfinished(prop_id: str, dtypes: list[str], why: str) -> PropertyResult:
+def unfinished_result(prop_id: str, dtypes: list[str], why: str) -> PropertyResult:
+    """``prop_id`` not run: ``not_checked``, its units (``dtypes``) not run, saying ``why``."""
     if dtypes:
         return combine(prop_id, True, [(dtype, None) for dtype in dtypes], missing=why)
     return PropertyResult(property=prop_id, claimed=True, status="not_checked",

@@ -175,6 +175,8 @@ def pytest_sessionfinish(session, exitstatus):
 
     remote.shutdown()  # no process of the code under test outlives the run's results
     data = certificate_from_records(config, _COLLECTED)
+    if exitstatus == 2:  # pytest.ExitCode.INTERRUPTED: Ctrl-C (what did not run is not_checked)
+        data["interrupted"] = "SIGINT"
     if json_path:
         report.write_json(json_path, data)
     if md_path:

@@ -20,6 +20,11 @@ SUITE = Path(__file__).with_name("test_properties.py")
 #: Key of the per-test result record in a test report's ``user_properties``.
 RESULT_KEY = "attnverify_result"
 
+#: Why a planned ``target::property`` has no result when a pytest session writes its
+#: certificate (the suites' certificates list it ``not_checked``).
+NOT_RUN = ("were not run in this pytest session (deselected, or the session stopped before "
+           "them: -x, Ctrl-C, an error)")
+
 
 def option(config, name: str):
     """The value of ``--attnverify-<name>`` (``_`` in ``name`` read as ``-``)."""

@@ -17,7 +17,7 @@ import pytest
 
 from attnverify.checks import PROPERTIES, properties_for
 from attnverify.errors import UsageError
-from attnverify.properties import RESULT_KEY, option
+from attnverify.properties import NOT_RUN, RESULT_KEY, option
 
 
 @cache
@@ -152,11 +152,17 @@ def test_property(attnverify_case, request):
 
 
 def certificate_from_records(config, records: list[dict]) -> dict:
-    """The JSON certificate of docs/INTERFACES.md from the suite's per-test records."""
-    from attnverify.certify import PropertyResult, TargetResult
+    """The JSON certificate of docs/INTERFACES.md from the suite's per-test records. Every
+    ``target::property`` the suite planned is in it: one the session did not run (deselected
+    with ``-k``, or never reached: ``-x``, Ctrl-C) is ``not_checked``, so a target reads
+    ``certified`` only when all of its properties ran and held, as under ``attnverify
+    certify``."""
+    from attnverify.certify import PropertyResult, TargetResult, unfinished_result
+    from attnverify.checks.reference import reference_label, reference_owner
     from attnverify.report import certificate
+    from attnverify.shard import dtype_name
 
-    ctx, _ = _load(_key(config))
+    ctx, cases = _load(_key(config))
     targets: dict[str, TargetResult] = {}
     for rec in records:
         t = targets.setdefault(rec["target"], TargetResult(
@@ -170,11 +176,21 @@ def certificate_from_records(config, records: list[dict]) -> dict:
             if phrase not in t.sandbox:
                 t.sandbox.append(phrase)
         t.results.append(PropertyResult.from_json(rec["result"]))
+    for name, spec, prop_id in cases:
+        t = targets.setdefault(name, TargetResult(
+            name, [], [], dict(spec.params), reference=reference_label(spec),
+            reference_owner=reference_owner(spec)))
+        if not any(r.property == prop_id for r in t.results):
+            t.results.append(unfinished_result(
+                prop_id, [dtype_name(d) for d in PROPERTIES[prop_id].unit_dtypes(spec, ctx)],
+                NOT_RUN))
     from attnverify.checks import LAST
 
     order = [p for p in PROPERTIES if p not in LAST] + list(LAST)  # certify's order
     for t in targets.values():
         t.results.sort(key=lambda r: order.index(r.property))
         t.claims = [r.property for r in t.results if not PROPERTIES[r.property].universal]
-    return certificate(list(targets.values()), ctx)
+    planned = list(dict.fromkeys(name for name, _, _ in cases))  # the plan's order
+    ordered = planned + [name for name in targets if name not in planned]
+    return certificate([targets[name] for name in ordered], ctx)
 

@@ -41,6 +41,25 @@ def test_plugin_reports_violation_and_honours_xfails(pytester):
     result.assert_outcomes(passed=n - 1, xfailed=1)
 
 
+def test_a_session_that_ran_part_of_the_suite_certifies_nothing_it_did_not_run(pytester):
+    """``-k`` (or ``-x``, Ctrl-C) leaves tests unrun: the certificate still lists every
+    property planned, the unrun ones ``not_checked``, so the target is ``not_checked``, never
+    ``certified`` on the one property that ran."""
+    target = f"{FIXTURES / 'user_normalizers.py'}:plain"
+    cert = pytester.path / "cert.json"
+    result = pytester.runpytest_subprocess(
+        f"--attnverify-target={target}", "--attnverify-profile=dev", "-k", "simplex",
+        f"--attnverify-json={cert}", "-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, deselected=result.parseoutcomes()["deselected"])
+    (t,) = json.loads(cert.read_text())["targets"]
+    status = {r["property"]: r["status"] for r in t["results"]}
+    assert status.pop("simplex") == "holds" and t["claims"] == ["simplex"]
+    assert status and set(status.values()) == {"not_checked"}, status
+    assert t["verdict"] == "not_checked"
+    unrun = next(r for r in t["results"] if r["property"] == "shape")
+    assert "were not run in this pytest session" in unrun["message"]
+
+
 def test_plugin_bad_target_is_a_usage_error(pytester):
     result = pytester.runpytest_subprocess("--attnverify-target=nosuch", "-q")
     assert result.ret != 0

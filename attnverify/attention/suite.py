@@ -21,14 +21,16 @@ from attnverify import remote, report
 from attnverify.attention.command import split
 from attnverify.attention.run import (
     _lifted,
+    _planned_units,
     kernel_record,
     property_plan,
     resolve_claims,
     run_one,
     units_of,
 )
-from attnverify.certify import TargetResult, make_context
+from attnverify.certify import TargetResult, make_context, unfinished_result
 from attnverify.errors import UsageError, WorkerFailed
+from attnverify.properties import NOT_RUN
 from attnverify.registry import parse_params
 from attnverify.shard import check_options, make_shard
 
@@ -113,13 +115,30 @@ def _certificate(request):
     if not _RESULTS or _option(config, "target") or not any(paths.values()):
         return
 
-    ctx, _ = plan(_key(config))
+    ctx, cases = plan(_key(config))
     targets: dict[str, TargetResult] = {}
     for name, claims, res, record in _RESULTS:
         targets.setdefault(name, TargetResult(name, list(claims), reference=record["reference"],
                                               reference_owner="checker", attention=record)
                            ).results.append(res)
-    data = report.certificate(list(targets.values()), ctx)
+    # every property planned is in the certificate: one this session did not run (deselected,
+    # or never reached) is not_checked, so no kernel reads certified on part of its suite
+    order: dict[str, list[str]] = {}
+    for name, a, wanted, prop_id, pctx in cases:
+        record = kernel_record(a)
+        t = targets.setdefault(name, TargetResult(name, list(wanted),
+                                                  reference=record["reference"],
+                                                  reference_owner="checker", attention=record))
+        order.setdefault(name, []).append(prop_id)
+        if not any(r.property == prop_id for r in t.results):
+            ((_, dtypes),) = _planned_units(_lifted(a, wanted), [(prop_id, pctx)])
+            t.results.append(unfinished_result(prop_id, dtypes, NOT_RUN))
+    for name, ids in order.items():  # the plan's order, as certify --attention writes it
+        targets[name].results.sort(key=lambda r, ids=ids: ids.index(r.property)
+                                   if r.property in ids else len(ids))
+    planned = list(order)
+    data = report.certificate([targets[name] for name in planned] +
+                              [t for name, t in targets.items() if name not in planned], ctx)
     if paths["json"]:
         report.write_json(paths["json"], data)
     if paths["markdown"]:
