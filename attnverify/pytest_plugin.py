@@ -49,7 +49,7 @@ try:
 except ModuleNotFoundError:
     _source_properties()
 
-from attnverify.properties import RESULT_KEY, SUITE, option  # noqa: E402, F401 - re-exported
+from attnverify.properties import ATTENTION_RESULT_KEY, RESULT_KEY, SUITE, option  # noqa: E402, F401 - re-exported
 
 _OPTIONS = [
     ("target", "ATTNVERIFY_TARGET", "normalizer(s) under test, comma-separated: built-in id, "
@@ -153,28 +153,39 @@ def pytest_pycollect_makemodule(module_path, parent):
 
 #: Per-test result records, gathered on the controller (or the only process when serial).
 _COLLECTED: list = []
+#: ... of the attention suite.
+_ATTENTION: list = []
 
 
 def pytest_runtest_logreport(report):
     for key, value in getattr(report, "user_properties", []):
         if key == RESULT_KEY and report.when == "call":
             _COLLECTED.append(json.loads(value))
+        elif key == ATTENTION_RESULT_KEY and report.when == "call":
+            _ATTENTION.append(json.loads(value))
 
 
 def pytest_sessionfinish(session, exitstatus):
+    """The certificate, written once by the controller (or the only process when serial) from
+    the records every test's report carried: the normalizer suite's when a target is given,
+    else the attention suite's."""
     config = session.config
     if hasattr(config, "workerinput"):
         return  # xdist worker: the controller writes the certificate
     json_path, md_path = option(config, "json"), option(config, "markdown")
-    if not (json_path or md_path) or not _COLLECTED:
+    records = _COLLECTED if option(config, "target") else _ATTENTION
+    if not (json_path or md_path) or not records:
         return
     from attnverify import remote, report  # torch-free: loaded in every pytest run
 
-    # torch-free: loaded in every pytest run
-    from attnverify.properties.test_properties import certificate_from_records
-
     remote.shutdown()  # no process of the code under test outlives the run's results
-    data = certificate_from_records(config, _COLLECTED)
+    if records is _COLLECTED:
+        # torch-free: loaded in every pytest run
+        from attnverify.properties.test_properties import certificate_from_records
+    else:
+        # dispatch: the attention suite, collected only when --attnverify-attention is given
+        from attnverify.attention.suite import certificate_from_records
+    data = certificate_from_records(config, records)
     if exitstatus == 2:  # pytest.ExitCode.INTERRUPTED: Ctrl-C (what did not run is not_checked)
         data["interrupted"] = "SIGINT"
     if json_path:

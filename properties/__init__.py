@@ -19,6 +19,8 @@ SUITE = Path(__file__).with_name("test_properties.py")
 
 #: Key of the per-test result record in a test report's ``user_properties``.
 RESULT_KEY = "attnverify_result"
+#: ... of the attention suite's (``attnverify/attention/suite.py``).
+ATTENTION_RESULT_KEY = "attnverify_attention_result"
 
 #: Why a planned ``target::property`` has no result when a pytest session writes its
 #: certificate (the suites' certificates list it ``not_checked``).

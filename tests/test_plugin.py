@@ -60,6 +60,22 @@ def test_a_session_that_ran_part_of_the_suite_certifies_nothing_it_did_not_run(p
     assert "were not run in this pytest session" in unrun["message"]
 
 
+def test_the_attention_suite_under_xdist_writes_one_certificate_of_every_worker(pytester):
+    """Under pytest-xdist the attention suite's results reach the controller, which writes the
+    certificate once (each worker wrote its own, holding only its own tests)."""
+    cert = pytester.path / "cert.json"
+    chosen = ("shape", "finite", "attn_causal", "attn_bool_mask")
+    result = pytester.runpytest_subprocess(
+        "-n", "2", "--attnverify-attention=sdpa", "--attnverify-profile=dev",
+        "--attnverify-max-examples=3", f"--attnverify-json={cert}", "-k", " or ".join(chosen),
+        "-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=len(chosen))
+    (t,) = json.loads(cert.read_text())["targets"]
+    status = {r["property"]: r["status"] for r in t["results"]}
+    assert {p: status.pop(p) for p in chosen} == dict.fromkeys(chosen, "holds")
+    assert status and set(status.values()) == {"not_checked"} and t["verdict"] == "not_checked"
+
+
 def test_plugin_bad_target_is_a_usage_error(pytester):
     result = pytester.runpytest_subprocess("--attnverify-target=nosuch", "-q")
     assert result.ret != 0

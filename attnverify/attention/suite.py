@@ -12,6 +12,7 @@ the end of the module when no normalizer target is given (serial runs; under pyt
 from __future__ import annotations
 
 import dataclasses
+import json
 from functools import cache
 from pathlib import Path
 
@@ -28,15 +29,15 @@ from attnverify.attention.run import (
     run_one,
     units_of,
 )
-from attnverify.certify import TargetResult, make_context, unfinished_result
+from attnverify.certify import PropertyResult, TargetResult, make_context, unfinished_result
 from attnverify.errors import UsageError, WorkerFailed
-from attnverify.properties import NOT_RUN
+from attnverify.properties import ATTENTION_RESULT_KEY, NOT_RUN
 from attnverify.registry import parse_params
+from attnverify.serialize import jsonable
 from attnverify.shard import check_options, make_shard
 
 #: This module's file, as the plugin hands it to pytest.
 SUITE = Path(__file__)
-_RESULTS: list = []
 
 
 def validate(config) -> None:
@@ -107,22 +108,19 @@ def pytest_generate_tests(metafunc):
         pytest.param(c, id=f"{c[0]}::{c[3]}") for c in cases])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _certificate(request):
-    yield
-    config = request.config
-    paths = {n: _option(config, n) for n in ("json", "markdown")}
-    if not _RESULTS or _option(config, "target") or not any(paths.values()):
-        return
-
+def certificate_from_records(config, records: list[dict]) -> dict:
+    """The certificate of the attention suite from its per-test records (gathered by the
+    plugin on pytest-xdist's controller, or the only process): every property planned is in
+    it, one the session did not run (deselected, or never reached) ``not_checked``, so no
+    kernel reads certified on part of its suite."""
     ctx, cases = plan(_key(config))
     targets: dict[str, TargetResult] = {}
-    for name, claims, res, record in _RESULTS:
-        targets.setdefault(name, TargetResult(name, list(claims), reference=record["reference"],
-                                              reference_owner="checker", attention=record)
-                           ).results.append(res)
-    # every property planned is in the certificate: one this session did not run (deselected,
-    # or never reached) is not_checked, so no kernel reads certified on part of its suite
+    for rec in records:
+        record = rec["record"]
+        targets.setdefault(rec["target"], TargetResult(
+            rec["target"], list(rec["claims"]), reference=record["reference"],
+            reference_owner="checker", attention=record)
+        ).results.append(PropertyResult.from_json(rec["result"]))
     order: dict[str, list[str]] = {}
     for name, a, wanted, prop_id, pctx in cases:
         record = kernel_record(a)
@@ -137,20 +135,20 @@ def _certificate(request):
         targets[name].results.sort(key=lambda r, ids=ids: ids.index(r.property)
                                    if r.property in ids else len(ids))
     planned = list(order)
-    data = report.certificate([targets[name] for name in planned] +
+    return report.certificate([targets[name] for name in planned] +
                               [t for name, t in targets.items() if name not in planned], ctx)
-    if paths["json"]:
-        report.write_json(paths["json"], data)
-    if paths["markdown"]:
-        report.write_atomic(paths["markdown"], report.markdown(data))
 
 
-def test_attention_property(attnverify_attention_case):
-    """One property of one attention kernel, as ``certify --attention`` runs it."""
+def test_attention_property(attnverify_attention_case, request):
+    """One property of one attention kernel, as ``certify --attention`` runs it; its result
+    goes to the plugin in the test's report (the certificate is written once, by the process
+    that gathers every report: :func:`certificate_from_records`)."""
 
     name, a, claims, prop_id, ctx = attnverify_attention_case
     res = run_one(a, claims, prop_id, ctx, label=name)
-    _RESULTS.append((name, claims, res, kernel_record(a)))
+    record = {"target": name, "claims": list(claims), "record": kernel_record(a),
+              "result": res.to_json(partial=getattr(ctx, "shard", None) is not None)}
+    request.node.user_properties.append((ATTENTION_RESULT_KEY, json.dumps(jsonable(record))))
     if res.status == "not_applicable":
         pytest.skip(f"{prop_id} not applicable to {name}: {res.message}")
     if res.status == "not_checked":  # --attnverify-shard: its units are another shard's
