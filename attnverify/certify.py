@@ -172,11 +172,11 @@ def fill_unfinished(result: TargetResult, planned: list[tuple[str, list[str]]],
     done = {r.property: r for r in result.results}
     ids = {prop_id for prop_id, _ in planned}
     kept = [r for r in result.results if r.property not in ids]
-    result.results = kept + [done.get(prop_id) or unfinished_result(prop_id, dtypes, why)
+    result.results = kept + [done.get(prop_id) or _unfinished(prop_id, dtypes, why)
                              for prop_id, dtypes in planned]
 
 
-def unfinished_result(prop_id: str, dtypes: list[str], why: str) -> PropertyResult:
+def _unfinished(prop_id: str, dtypes: list[str], why: str) -> PropertyResult:
     """``prop_id`` not run: ``not_checked``, its units (``dtypes``) not run, saying ``why``."""
     if dtypes:
         return combine(prop_id, True, [(dtype, None) for dtype in dtypes], missing=why)
@@ -189,24 +189,34 @@ def planned_units(props, spec, ctx) -> list[tuple[str, list[str]]]:
     return [(p.id, [dtype_name(d) for d in p.unit_dtypes(spec, ctx)]) for p in props]
 
 
-def target_head(spec: NormalizerSpec, label: str | None, execution=None,
-                cap=None) -> TargetResult:
-    """The result of a normalizer target before any property ran (``spec`` as
-    :func:`plan` gives it)."""
-    return TargetResult(target=label or spec.id, claims=list(spec.claims),
-                        params=dict(spec.params), reference=reference_label(spec),
-                        reference_owner=reference_owner(spec), execution=execution,
-                        call_cap=cap)
+def keep_finished(result: TargetResult, planned: list[tuple[str, list[str]]],
+                  exc: KeyboardInterrupt) -> None:
+    """``result`` of a target whose run ``exc`` stopped: the property in progress as far as it
+    got (``exc.result``, :func:`run_property`), then :func:`fill_unfinished`."""
+    if getattr(exc, "result", None) is not None:
+        result.results.append(exc.result)
+    fill_unfinished(result, planned, unfinished_reason(exc))
+
+
+def _prepared(spec: NormalizerSpec, claims, ctx: Context, label: str | None):
+    """``(ctx, spec, properties, result)`` of certifying ``spec`` as ``label``: the context
+    capped for an interpreted Triton kernel, the plan (:func:`plan`) and the target's result
+    before any property ran."""
+    execution, cap = triton_execution(spec.fn, ctx)
+    if cap:
+        ctx = dataclasses.replace(ctx, max_rows=cap["rows"])
+    spec, props = plan(spec, claims, ctx)
+    result = TargetResult(target=label or spec.id, claims=list(spec.claims),
+                          params=dict(spec.params), reference=reference_label(spec),
+                          reference_owner=reference_owner(spec), execution=execution,
+                          call_cap=cap)
+    return ctx, spec, props, result
 
 
 def not_started(spec: NormalizerSpec, claims, ctx: Context, label: str,
                 why: str) -> TargetResult:
     """A target a stopped run never reached: every planned property ``not_checked``."""
-    execution, cap = triton_execution(spec.fn, ctx)
-    if cap:
-        ctx = dataclasses.replace(ctx, max_rows=cap["rows"])
-    spec, props = plan(spec, claims, ctx)
-    result = target_head(spec, label, execution, cap)
+    ctx, spec, props, result = _prepared(spec, claims, ctx, label)
     fill_unfinished(result, planned_units(props, spec, ctx), why)
     return result
 
@@ -374,13 +384,7 @@ def certify_target(
     """Check the universal properties and the claims of one normalizer (except those in
     ``skip``, by id). Ctrl-C or a terminating signal raises :class:`Interrupted` with the
     result: the properties that finished, the others ``not_checked``."""
-    ctx = ctx or make_context()
-    execution, cap = triton_execution(spec.fn, ctx)
-    if cap:
-        ctx = dataclasses.replace(ctx, max_rows=cap["rows"])
-    spec, props = plan(spec, claims, ctx)
-
-    result = target_head(spec, label, execution, cap)
+    ctx, spec, props, result = _prepared(spec, claims, ctx or make_context(), label)
     monitor = monitor_of(spec)
     shard = getattr(ctx, "shard", None)
     props = [prop for prop in props if prop.id not in skip]
@@ -394,9 +398,7 @@ def certify_target(
                 progress(result.target, result.results[-1])
     except KeyboardInterrupt as exc:  # Ctrl-C or a terminating signal: keep what finished
         stopped = exc
-        if getattr(exc, "result", None) is not None:  # the property in progress, so far
-            result.results.append(exc.result)
-        fill_unfinished(result, planned_units(props, spec, ctx), unfinished_reason(exc))
+        keep_finished(result, planned_units(props, spec, ctx), exc)
     if monitor is not None:
         result.worker_pids = list(dict.fromkeys(monitor.pids))
         result.sandbox = list(dict.fromkeys(monitor.sandboxes))

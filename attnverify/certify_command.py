@@ -14,7 +14,7 @@ import sys
 
 from attnverify import report
 from attnverify.certify import example_database, fix_reference, fix_temperature, progress_line
-from attnverify.errors import Interrupted, in_job
+from attnverify.errors import Interrupted
 from attnverify.isolation import certify_all
 from attnverify.jobs import certify_on_jobs, mark_clean
 from attnverify.registry import builtin_ids, parse_params
@@ -44,6 +44,7 @@ def run_certify(args) -> int:
     if code is not None:
         return code
     planned = []
+    stopped = None
     try:
         results = certify_all(targets, params, claims, ctx,
                               progress=None if args.quiet else progress_line,
@@ -51,12 +52,11 @@ def run_certify(args) -> int:
                               (lambda ids: check_entries(xfails, ids)),
                               shard=shard, on_shard=planned.append)
     except Interrupted as exc:  # Ctrl-C or a terminating signal: what finished is written
-        if planned:
-            ctx = dataclasses.replace(ctx, shard=planned[0])
-        return report.finish_interrupted(args, report.certificate(exc.targets, ctx), xfails,
-                                         exc, silent=in_job())
+        stopped, results = exc, exc.targets
     if planned:
         ctx = dataclasses.replace(ctx, shard=planned[0])
+    if stopped is not None:
+        return report.finish_interrupted(args, report.certificate(results, ctx), xfails, stopped)
     if args.database is not None:
         _database_lost(args.database)
     return report.finish_certify(args, report.certificate(results, ctx), xfails)

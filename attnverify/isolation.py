@@ -106,8 +106,7 @@ def certify_all(targets: list[str], params: dict, claims, ctx, *, progress=None,
         try:
             for label, spec, failure in opened:
                 if spec is None:
-                    results.append(TargetResult(target=label, claims=[], results=[failure],
-                                                sandbox=list(getattr(failure, "sandboxes", []))))
+                    results.append(load_failed(label, failure))
                     if progress is not None:
                         progress(label, failure)
                 else:
@@ -135,10 +134,16 @@ def stopped_run(exc: KeyboardInterrupt, results: list, opened: list, not_started
     done = list(results) + (list(exc.targets or []) if isinstance(exc, Interrupted) else [])
     why = unfinished_reason(cause)
     for label, spec, failure in opened[len(done):]:
-        done.append(TargetResult(target=label, claims=[], results=[failure],
-                                 sandbox=list(getattr(failure, "sandboxes", [])))
-                    if spec is None else not_started(spec, label, why))
+        done.append(load_failed(label, failure) if spec is None else
+                    not_started(spec, label, why))
     return Interrupted(cause, targets=done)
+
+
+def load_failed(label: str, failure: PropertyResult) -> TargetResult:
+    """The result of a target that could not be loaded: its one ``load`` result (``failure``,
+    :func:`open_targets`)."""
+    return TargetResult(target=label, claims=[], results=[failure],
+                        sandbox=list(getattr(failure, "sandboxes", [])))
 
 
 class Stopped(NamedTuple):

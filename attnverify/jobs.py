@@ -143,7 +143,7 @@ def run_jobs(argv: list[str], n: int, ctx, *, quiet: bool) -> dict:
             if ended is None:
                 ended = _spawned_jobs(commands, quiet)
         except KeyboardInterrupt as exc:
-            data = _stopped_parts(paths, exc, load_part, check_together, merge_parts)
+            data = _stopped_parts(paths, exc)
             if data is None:
                 raise
             raise Interrupted(exc, data=_as_serial(data, ctx)) from None
@@ -173,11 +173,13 @@ def _as_serial(data: dict, ctx) -> dict:
     return data
 
 
-def _stopped_parts(paths: list[str], exc: KeyboardInterrupt, load_part, check_together,
-                   merge_parts) -> dict | None:
+def _stopped_parts(paths: list[str], exc: KeyboardInterrupt) -> dict | None:
     """The merge of the parts the jobs of a stopped run wrote (the units of a job that wrote
     none ``not_checked`` too), marked ``interrupted``; ``None`` where no usable part was
     written."""
+    # dispatch: the merge (and its modules) only on a run with jobs
+    from attnverify.merge import check_together, load_part, merge_parts
+
     try:
         parts = [(path, load_part(path)) for path in paths if os.path.exists(path)]
         if not parts:

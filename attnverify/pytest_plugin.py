@@ -49,7 +49,12 @@ try:
 except ModuleNotFoundError:
     _source_properties()
 
-from attnverify.properties import ATTENTION_RESULT_KEY, RESULT_KEY, SUITE, option  # noqa: E402, F401 - re-exported
+from attnverify.properties import (  # noqa: E402, F401 - re-exported
+    ATTENTION_RESULT_KEY,  # noqa: E402
+    RESULT_KEY,
+    SUITE,
+    option,
+)
 
 _OPTIONS = [
     ("target", "ATTNVERIFY_TARGET", "normalizer(s) under test, comma-separated: built-in id, "

@@ -27,7 +27,13 @@ from attnverify.attention.coverage import describe as describe_attention
 from attnverify.certify import TargetResult
 from attnverify.checks.base import Context
 from attnverify.coverage import describe, describe_difference
-from attnverify.errors import UsageError, interrupt_exit_code, interrupt_signal, interrupt_word
+from attnverify.errors import (
+    UsageError,
+    in_job,
+    interrupt_exit_code,
+    interrupt_signal,
+    interrupt_word,
+)
 from attnverify.registry import builtin_ids
 from attnverify.xfails import apply_xfails
 
@@ -389,18 +395,17 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def finish_interrupted(args, data: dict, xfails, exc: KeyboardInterrupt, *,
-                       silent: bool = False) -> int:
+def finish_interrupted(args, data: dict, xfails, exc: KeyboardInterrupt) -> int:
     """Write and print the certificate of a certify run stopped by Ctrl-C or a terminating
     signal (``exc``): what finished, every property that did not ``not_checked``, and
-    ``interrupted`` (the signal's name); one line saying so (none where ``silent``: a job,
+    ``interrupted`` (the signal's name); one line saying so (none in a job of ``--jobs``,
     whose parent says it once); the exit code 128 + the signal."""
     data["interrupted"] = signal.Signals(interrupt_signal(exc)).name
     try:
         finish_certify(args, data, xfails)
     except UsageError:  # "nothing could be checked": the line below says what happened
         pass
-    if not silent:
+    if not in_job():
         results = [r for t in data["targets"] for r in t["results"]]
         done = sum(r["status"] != "not_checked" for r in results)
         outputs = [path for path in (args.json_path, args.markdown_path) if path]

@@ -157,7 +157,7 @@ def certificate_from_records(config, records: list[dict]) -> dict:
     with ``-k``, or never reached: ``-x``, Ctrl-C) is ``not_checked``, so a target reads
     ``certified`` only when all of its properties ran and held, as under ``attnverify
     certify``."""
-    from attnverify.certify import PropertyResult, TargetResult, unfinished_result
+    from attnverify.certify import PropertyResult, TargetResult, fill_unfinished
     from attnverify.checks.reference import reference_label, reference_owner
     from attnverify.report import certificate
     from attnverify.shard import dtype_name
@@ -176,21 +176,21 @@ def certificate_from_records(config, records: list[dict]) -> dict:
             if phrase not in t.sandbox:
                 t.sandbox.append(phrase)
         t.results.append(PropertyResult.from_json(rec["result"]))
+    planned: dict[str, list] = {}  # per target, in the plan's order
     for name, spec, prop_id in cases:
-        t = targets.setdefault(name, TargetResult(
+        targets.setdefault(name, TargetResult(
             name, [], [], dict(spec.params), reference=reference_label(spec),
             reference_owner=reference_owner(spec)))
-        if not any(r.property == prop_id for r in t.results):
-            t.results.append(unfinished_result(
-                prop_id, [dtype_name(d) for d in PROPERTIES[prop_id].unit_dtypes(spec, ctx)],
-                NOT_RUN))
+        planned.setdefault(name, []).append(
+            (prop_id, [dtype_name(d) for d in PROPERTIES[prop_id].unit_dtypes(spec, ctx)]))
+    for name, units in planned.items():
+        fill_unfinished(targets[name], units, NOT_RUN)
     from attnverify.checks import LAST
 
     order = [p for p in PROPERTIES if p not in LAST] + list(LAST)  # certify's order
     for t in targets.values():
         t.results.sort(key=lambda r: order.index(r.property))
         t.claims = [r.property for r in t.results if not PROPERTIES[r.property].universal]
-    planned = list(dict.fromkeys(name for name, _, _ in cases))  # the plan's order
-    ordered = planned + [name for name in targets if name not in planned]
+    ordered = [*planned, *(name for name in targets if name not in planned)]
     return certificate([targets[name] for name in ordered], ctx)
 

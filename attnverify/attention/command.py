@@ -19,9 +19,9 @@ from attnverify.attention.run import (
     resolve_claims,
     units_of,
 )
-from attnverify.certify import TargetResult, progress_line
-from attnverify.errors import UsageError, in_job
-from attnverify.isolation import close, open_targets, stopped_run
+from attnverify.certify import progress_line
+from attnverify.errors import UsageError
+from attnverify.isolation import close, load_failed, open_targets, stopped_run
 from attnverify.jobs import certify_on_jobs, mark_clean
 from attnverify.registry import builtins, parse_params
 from attnverify.runconfig import context_from_args
@@ -79,8 +79,7 @@ def _certify_opened(args, targets, params, claims, ctx, xfails) -> int:
     try:
         for (label, _, failure), spec in zip(opened, specs):
             if spec is None:
-                results.append(TargetResult(target=label, claims=[], results=[failure],
-                                            sandbox=list(getattr(failure, "sandboxes", []))))
+                results.append(load_failed(label, failure))
                 continue
             results.append(certify_attention(spec, claims, ctx, label=label, progress=progress))
             close(spec)
@@ -91,6 +90,6 @@ def _certify_opened(args, targets, params, claims, ctx, xfails) -> int:
                                                                              label, why))
         remote.shutdown()
         return report.finish_interrupted(args, report.certificate(stopped.targets, ctx), xfails,
-                                         stopped, silent=in_job())
+                                         stopped)
     remote.shutdown()  # no process of the code under test outlives the run's results
     return report.finish_certify(args, report.certificate(results, ctx), xfails)

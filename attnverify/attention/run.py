@@ -20,11 +20,11 @@ from attnverify.attention.spec import AttentionSpec
 from attnverify.certify import (
     TargetResult,
     fill_unfinished,
+    keep_finished,
     make_context,
     run_property,
     side_effects,
     triton_execution,
-    unfinished_reason,
 )
 from attnverify.checks import LAST, PROPERTIES, properties_for
 from attnverify.checks.base import monitor_of
@@ -100,14 +100,22 @@ def _skip_reason(a: AttentionSpec, prop_id: str) -> str:
     return ""
 
 
-def _head(a: AttentionSpec, spec, chosen: list[str], label: str | None, execution,
-          cap) -> TargetResult:
-    """The result of a kernel before any property ran."""
-    return TargetResult(target=label or a.target or a.id,
-                        claims=list(dict.fromkeys([*chosen, *spec.claims])),
-                        params=dict(a.params), reference=a.reference or a.normalizer,
-                        reference_owner="checker", attention=kernel_record(a),
-                        execution=execution, call_cap=cap)
+def _prepared(a: AttentionSpec, claims: list[str] | None, ctx, label: str | None):
+    """``(ctx, chosen claims, lifted spec, result)`` of certifying ``a`` as ``label``: the
+    context capped for an interpreted Triton kernel, and the kernel's result before any
+    property ran."""
+    execution, cap = triton_execution(a.fn, ctx, attention=True)
+    if cap:  # an interpreted Triton kernel: few program instances per call
+        ctx = dataclasses.replace(ctx, max_rows=cap["rows"],
+                                  max_programs=(cap["batch_heads"], cap["queries"]))
+    chosen = resolve_claims(a, claims)
+    spec = _lifted(a, chosen)
+    result = TargetResult(target=label or a.target or a.id,
+                          claims=list(dict.fromkeys([*chosen, *spec.claims])),
+                          params=dict(a.params), reference=a.reference or a.normalizer,
+                          reference_owner="checker", attention=kernel_record(a),
+                          execution=execution, call_cap=cap)
+    return ctx, chosen, spec, result
 
 
 def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=None, *,
@@ -116,14 +124,7 @@ def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=Non
     those in ``skip``, by id). Ctrl-C or a terminating signal raises :class:`Interrupted`
     with the result: the properties that finished, the others ``not_checked``."""
 
-    ctx = ctx or make_context()
-    execution, cap = triton_execution(a.fn, ctx, attention=True)
-    if cap:  # an interpreted Triton kernel: few program instances per call
-        ctx = dataclasses.replace(ctx, max_rows=cap["rows"],
-                                  max_programs=(cap["batch_heads"], cap["queries"]))
-    chosen = resolve_claims(a, claims)
-    spec = _lifted(a, chosen)
-    result = _head(a, spec, chosen, label, execution, cap)
+    ctx, chosen, spec, result = _prepared(a, claims, ctx or make_context(), label)
     planned = [(prop_id, pctx) for prop_id, pctx in property_plan(a, spec, chosen, ctx)
                if prop_id not in skip]
     stopped = None
@@ -135,9 +136,7 @@ def certify_attention(a: AttentionSpec, claims: list[str] | None = None, ctx=Non
                 progress(result.target, res)
     except KeyboardInterrupt as exc:  # Ctrl-C or a terminating signal: keep what finished
         stopped = exc
-        if getattr(exc, "result", None) is not None:  # the property in progress, so far
-            result.results.append(exc.result)
-        fill_unfinished(result, _planned_units(spec, planned), unfinished_reason(exc))
+        keep_finished(result, _planned_units(spec, planned), exc)
 
     monitor = monitor_of(spec)
     if monitor is not None:
@@ -163,13 +162,7 @@ def _planned_units(spec, planned) -> list[tuple[str, list[str]]]:
 def not_started_attention(a: AttentionSpec, claims: list[str] | None, ctx, label: str,
                           why: str):
     """A kernel a stopped run never reached: every planned property ``not_checked``."""
-    execution, cap = triton_execution(a.fn, ctx, attention=True)
-    if cap:
-        ctx = dataclasses.replace(ctx, max_rows=cap["rows"],
-                                  max_programs=(cap["batch_heads"], cap["queries"]))
-    chosen = resolve_claims(a, claims)
-    spec = _lifted(a, chosen)
-    result = _head(a, spec, chosen, label, execution, cap)
+    ctx, chosen, spec, result = _prepared(a, claims, ctx, label)
     fill_unfinished(result, _planned_units(spec, property_plan(a, spec, chosen, ctx)), why)
     return result
 
@@ -236,9 +229,14 @@ def run_one(a: AttentionSpec, chosen: list[str], prop_id: str, ctx, *, label: st
                            skip_reason=reason)
     except Interrupted as exc:  # the property's result so far, written as any other
         if exc.result is not None:
-            exc.result.elapsed_s = time.perf_counter() - start
-            _attention_counterexample(exc.result, a, ctx)
+            _finished(exc.result, a, ctx, start)
         raise
+    return _finished(res, a, ctx, start)
+
+
+def _finished(res, a: AttentionSpec, ctx, start: float):
+    """``res`` with its seconds since ``start`` and its counterexample as an attention
+    kernel's."""
     res.elapsed_s = time.perf_counter() - start
     _attention_counterexample(res, a, ctx)
     return res

@@ -29,7 +29,7 @@ from attnverify.attention.run import (
     run_one,
     units_of,
 )
-from attnverify.certify import PropertyResult, TargetResult, make_context, unfinished_result
+from attnverify.certify import PropertyResult, TargetResult, fill_unfinished, make_context
 from attnverify.errors import UsageError, WorkerFailed
 from attnverify.properties import ATTENTION_RESULT_KEY, NOT_RUN
 from attnverify.registry import parse_params
@@ -121,22 +121,17 @@ def certificate_from_records(config, records: list[dict]) -> dict:
             rec["target"], list(rec["claims"]), reference=record["reference"],
             reference_owner="checker", attention=record)
         ).results.append(PropertyResult.from_json(rec["result"]))
-    order: dict[str, list[str]] = {}
+    planned: dict[str, list] = {}  # per kernel, in the plan's order
     for name, a, wanted, prop_id, pctx in cases:
         record = kernel_record(a)
-        t = targets.setdefault(name, TargetResult(name, list(wanted),
-                                                  reference=record["reference"],
-                                                  reference_owner="checker", attention=record))
-        order.setdefault(name, []).append(prop_id)
-        if not any(r.property == prop_id for r in t.results):
-            ((_, dtypes),) = _planned_units(_lifted(a, wanted), [(prop_id, pctx)])
-            t.results.append(unfinished_result(prop_id, dtypes, NOT_RUN))
-    for name, ids in order.items():  # the plan's order, as certify --attention writes it
-        targets[name].results.sort(key=lambda r, ids=ids: ids.index(r.property)
-                                   if r.property in ids else len(ids))
-    planned = list(order)
-    return report.certificate([targets[name] for name in planned] +
-                              [t for name, t in targets.items() if name not in planned], ctx)
+        targets.setdefault(name, TargetResult(name, list(wanted), reference=record["reference"],
+                                              reference_owner="checker", attention=record))
+        planned.setdefault(name, []).extend(_planned_units(_lifted(a, wanted),
+                                                           [(prop_id, pctx)]))
+    for name, units in planned.items():  # in the plan's order, as certify --attention writes
+        fill_unfinished(targets[name], units, NOT_RUN)
+    ordered = [*planned, *(name for name in targets if name not in planned)]
+    return report.certificate([targets[name] for name in ordered], ctx)
 
 
 def test_attention_property(attnverify_attention_case, request):
