@@ -13,6 +13,7 @@ process is started).
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -256,6 +257,9 @@ def _forked_jobs(commands: list[list[str]], tmp: str,
     pids: list[int] = []
     errs = [os.path.join(tmp, f"stderr{k}") for k in range(1, len(commands) + 1)]
     parent = os.getpid()
+    # what this process holds stays shared with the jobs: a collection in a job would write
+    # into every object's header, copying all of its pages (the jobs keep them frozen)
+    gc.freeze()
     try:
         for command, err in zip(commands, errs):
             try:
@@ -273,8 +277,10 @@ def _forked_jobs(commands: list[list[str]], tmp: str,
             finally:
                 zsock.close()
             pids.append(pid)
+        gc.unfreeze()
         codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
     except BaseException as exc:
+        gc.unfreeze()
         _stop(pids, exc)
         raise
     return [(code, _read(err)) for code, err in zip(codes, errs)]

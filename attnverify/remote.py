@@ -1166,11 +1166,37 @@ class _Site:
         self.expect, self.grad_mode = expect, grad_mode
         self.no_graph = False
         self.differentiable: list[bool] = []
+        #: Arguments held here instead of being inputs of the autograd node (:meth:`hold`), by
+        #: their position among the call's tensors; ``moving``: the position of each input.
+        self.fixed: dict[int, torch.Tensor] = {}
+        self.moving: list[int] = []
+
+    def hold(self, tensors: list) -> list:
+        """The tensors of the call the autograd node takes as inputs: all but the constants
+        (:func:`attnverify.wire.is_constant`, such as the lifting's ``K = V = I``) that nothing
+        differentiates, which this site holds. A transform's forward mode gives every input of
+        a Function a tangent, dense zeros where it differentiates none (two ``L×L`` tensors at
+        each call of a lifted kernel, ``L`` up to 4097); a constant held here gets none."""
+        self.fixed = {i: t for i, t in enumerate(tensors)
+                      if not t.requires_grad and not _wrapped(t) and wire.is_constant(t)}
+        self.moving = [i for i in range(len(tensors)) if i not in self.fixed]
+        return [tensors[i] for i in self.moving]
+
+    def _full(self, tensors, wrt=()) -> tuple[list, list]:
+        """``(every tensor of the call, the positions of wrt there)`` from the node's inputs
+        and positions among them (:meth:`hold`)."""
+        if not self.fixed:
+            return list(tensors), list(wrt)
+        given = iter(tensors)
+        full = [self.fixed[i] if i in self.fixed else next(given)
+                for i in range(len(self.fixed) + len(self.moving))]
+        return full, [self.moving[i] for i in wrt]
 
     def _message(self, op: str, **extra) -> dict:
         return {"op": op, "fn": self.fn, "args": self.args, "kwargs": self.kwargs, **extra}
 
     def forward(self, tensors) -> torch.Tensor:
+        tensors, _ = self._full(tensors)
         grad = [bool(t.requires_grad) for t in tensors]
         reply, (out,) = self.channel.request(
             self._message("call", grad=grad, grad_mode=self.grad_mode), list(tensors),
@@ -1189,6 +1215,7 @@ class _Site:
                  "device": device}]
 
     def vjp(self, tensors, grad, wrt, create_graph: bool):
+        tensors, wrt = self._full(tensors, wrt)
         n = len(tensors)
         outputs = [(tuple(tensors[i].shape), tensors[i].dtype, str(tensors[i].device))
                    for i in wrt]
@@ -1203,6 +1230,7 @@ class _Site:
         return grads, [bool(d) for d in differentiable]
 
     def vjp2(self, tensors, grad, wrt, outer):
+        tensors, wrt = self._full(tensors, wrt)
         n = len(tensors)
         outputs = [(tuple(tensors[i].shape), tensors[i].dtype, str(tensors[i].device))
                    for i in wrt] + [(tuple(grad.shape), grad.dtype, str(grad.device))]
@@ -1215,6 +1243,7 @@ class _Site:
         return grads[:-1], grads[-1]
 
     def jvp(self, tensors, wrt, tangents):
+        tensors, wrt = self._full(tensors, wrt)
         n = len(tensors)
         used = [t.to(tensors[i].dtype) for i, t in zip(wrt, tangents)]
         _, (out,) = self.channel.request(
@@ -1350,7 +1379,7 @@ def _apply(channel: Channel, fn: str, args: list, kwargs: dict, expect) -> torch
         # ``apply`` binds the signature and builds a context at every call); the same request,
         # checked the same way
         return site.forward(tensors)
-    return _Call.apply(site, *tensors)
+    return _Call.apply(site, *site.hold(tensors))
 
 
 def _plain_kwargs(kwargs: dict, tensors: list) -> dict:
@@ -1376,6 +1405,12 @@ def _autograd_involved(tensors: list, grad_mode: bool) -> bool:
         if (grad_mode and t.requires_grad) or forward_ad.unpack_dual(t).tangent is not None:
             return True
     return False
+
+
+def _wrapped(t) -> bool:
+    """Whether ``t`` is a tensor of a running ``torch.func`` transform or a dual tensor."""
+    return torch._C._functorch.is_functorch_wrapped_tensor(t) or \
+        forward_ad.unpack_dual(t).tangent is not None
 
 
 def _same_as_first(tensors):

@@ -395,3 +395,23 @@ def test_dead_keys_follow_the_mask_and_the_groups_of_query_heads():
     assert dead.shape == (1, 2, 5)
     assert dead[0, 0].tolist() == [False, True, False, False, True]
     assert dead[0, 1].tolist() == [False, False, False, False, True]
+
+
+def test_the_convex_hull_check_compares_a_block_of_queries_at_a_time(monkeypatch):
+    """The hull's bounds, a block of queries at a time (the whole ``[B, H, L_q, L_k, n]``
+    comparison reached gigabytes on the largest cases), equal the whole comparison's, and a
+    query that attends no key gets ``-inf``/``inf``."""
+    import math
+
+    from attnverify.attention import checks
+
+    monkeypatch.setattr(checks, "HULL_STEP", 50)
+    g = torch.Generator().manual_seed(3)
+    for b, h, l_q, l_k in ((2, 3, 7, 5), (1, 1, 1, 4), (2, 2, 0, 3), (1, 2, 9, 1)):
+        proj_v = torch.randn(b, h, l_k, 6, generator=g, dtype=torch.float64)
+        allowed = torch.rand(b, h, l_q, l_k, generator=g) > 0.4
+        hi, lo = checks._hull(proj_v, allowed)
+        every = proj_v[..., None, :, :]
+        big = allowed[..., None]
+        assert torch.equal(hi, torch.where(big, every, -math.inf).amax(-2))
+        assert torch.equal(lo, torch.where(big, every, math.inf).amin(-2))

@@ -268,6 +268,31 @@ def test_forward_mode_sends_no_tangent_of_zeros(tmp_path, monkeypatch):
     assert torch.equal(jv, jv_here) and torch.equal(primal, primal_here)
 
 
+def test_the_liftings_identities_get_no_tangent_in_this_process(tmp_path, monkeypatch):
+    """The lifting's ``K = V = I`` (constants) are not inputs of the remote call's autograd
+    node, so forward mode makes no tangent of zeros for them here (two ``L×L`` tensors per
+    call: 268 MB at L = 4097 in float64); only the scores' tangent reaches the node."""
+    path = tmp_path / "eager.py"
+    path.write_text(EAGER)
+    seen = []
+    real = remote._Call.jvp
+
+    def recording(ctx, site, *tangents):
+        seen.append([None if t is None else tuple(t.shape) for t in tangents])
+        return real(ctx, site, *tangents)
+
+    monkeypatch.setattr(remote._Call, "jvp", staticmethod(recording))
+    spec = remote.open_attention(f"{path}:attn", {}, make_context("dev"))
+    try:
+        z, v = torch.randn(3, 7, dtype=torch.float64), torch.randn(3, 7, dtype=torch.float64)
+        _, jv = torch.func.jvp(lift.lift(spec).fn, (z,), (v,))
+        _, jv_here = torch.func.jvp(lambda x: torch.softmax(x, -1), (z,), (v,))
+    finally:
+        remote.shutdown()
+    assert seen == [[(1, 1, 3, 7)]]
+    torch.testing.assert_close(jv, jv_here)
+
+
 RAISES = '''def attn(query, key, value, attn_mask=None, is_causal=False, scale=None):
     raise ValueError("no")
 '''

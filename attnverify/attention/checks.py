@@ -246,6 +246,29 @@ def _dead_queries_backward(a, case, dead) -> float:
     return _compare_gradients(case, grads, ref_grads)
 
 
+#: Most elements of one step of :func:`_hull` (float64: 32 MiB).
+HULL_STEP = 1 << 22
+
+
+def _hull(proj_v: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(hi, lo)`` ``[B, H, L_q, n]``: the largest and smallest projection over the keys each
+    query attends (``-inf``/``inf`` where it attends none), a block of queries at a time, so
+    that the ``[B, H, queries, L_k, n]`` comparison never holds more than :data:`HULL_STEP`
+    elements (all of them at once reach gigabytes on the largest cases)."""
+    b, h, l_q, l_k = allowed.shape
+    step = max(1, HULL_STEP // max(1, b * h * l_k * proj_v.shape[-1]))
+    each = proj_v[..., None, :, :]
+    his, los = [], []
+    for start in range(0, l_q, step):
+        big = allowed[..., start:start + step, :, None]
+        his.append(torch.where(big, each, -math.inf).amax(-2))
+        los.append(torch.where(big, each, math.inf).amin(-2))
+    if not his:
+        empty = proj_v.new_empty((*proj_v.shape[:-2], 0, proj_v.shape[-1]))
+        return empty, empty
+    return torch.cat(his, -2), torch.cat(los, -2)
+
+
 def check_convex_hull(spec, case, ctx) -> float:
     """Each output row lies in the convex hull of the values of the keys it attends: checked
     coordinate-wise and along 8 random directions (min ≤ ⟨u, out⟩ ≤ max over attended keys)."""
@@ -260,9 +283,7 @@ def check_convex_hull(spec, case, ctx) -> float:
                       torch.randn(8, v.shape[-1], generator=g, dtype=F64)]).to(v.device)
     proj_v = v @ dirs.T  # [B, H, L_k, n]
     proj_o = out @ dirs.T  # [B, H, L_q, n]
-    big = allowed[..., None]
-    hi = torch.where(big, proj_v[..., None, :, :], -math.inf).amax(-2)
-    lo = torch.where(big, proj_v[..., None, :, :], math.inf).amin(-2)
+    hi, lo = _hull(proj_v, allowed)
     scale = proj_v.abs().amax(dim=-2, keepdim=True)  # [B, H, 1, n]
     t = tol_for(case.q.dtype)
     rounding = t.rtol + tolerance.unit_roundoff(case.q.dtype) + (
