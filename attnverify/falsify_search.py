@@ -197,10 +197,11 @@ def shape_of(scores: torch.Tensor) -> str:
 
 def scale_of(case: FalsifyCase) -> float:
     """``a/T`` of a case: the largest unmasked ``|logit|`` over the temperature (1 without one)."""
-    live = case.scores[torch.isfinite(case.scores)]
-    if not live.numel():
+    row = case.scores.detach().numpy()  # numpy: two small passes, no torch dispatch
+    live = row[np.isfinite(row)]
+    if not live.size:
         return 0.0
-    return float(live.abs().max()) / (1.0 if case.temperature is None else case.temperature)
+    return float(np.abs(live).max()) / (1.0 if case.temperature is None else case.temperature)
 
 
 def evaluate(spec, ineq: Inequality, case: FalsifyCase, params,
@@ -309,6 +310,8 @@ class StratumRecord:
             self.best = ev
         if ev.undefined:
             return
+        if len(self.top) >= TOP_PER_STRATUM and _key(ev) <= _key(self.top[-1]):
+            return  # ranks below every kept case (``top`` is sorted): it would not be kept
         sig, level = signature(ev.case), _level(ev)
         same = next((i for i, (other, other_sig) in enumerate(zip(self.top, self.signatures))
                      if other_sig == sig or _level(other) == level), None)
@@ -438,7 +441,7 @@ class Search:
         return self.phase_cap - self.evaluations
 
     def record_of(self, case: FalsifyCase) -> StratumRecord | None:
-        live = int(torch.isfinite(case.scores).sum())
+        live = int(np.isfinite(case.scores.detach().numpy()).sum())
         masked = live < case.scores.numel()
         return next((r for r in self.records if r.stratum.holds(live, masked)), None)
 

@@ -16,6 +16,7 @@ one request to the worker per product or per batch of products. When ``f`` uses 
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
@@ -26,20 +27,20 @@ from torch import Tensor
 from attnverify.tolerances import tol_for
 
 
-def _load_forward_mode() -> None:
-    """Load torch's forward-mode decompositions now, quietly. The first forward-mode product
-    (``torch.func.jvp``, which this module, ``checks/`` and ``remote.py`` use) imports
-    ``torch._decomp.decompositions_for_jvp``, which compiles its decompositions with
-    ``torch.jit.script``; torch 2.13 deprecates that with one ``DeprecationWarning`` per
+@functools.cache
+def forward_mode() -> None:
+    """Load torch's forward-mode decompositions, quietly, before the first forward-mode
+    product (every ``torch.func.jvp`` of this module and of ``checks/`` calls this first). That
+    product imports ``torch._decomp.decompositions_for_jvp``, which compiles its decompositions
+    with ``torch.jit.script``; torch 2.13 deprecates that with one ``DeprecationWarning`` per
     decomposition (18–36 in a pytest run): torch's own use, triggered by our correct one. Loaded
-    once here with that one warning filtered (the worker preloads the module likewise)."""
+    once, with that one warning filtered (the worker preloads the module likewise), when it is
+    first needed: a run that takes no forward-mode product (``falsify`` of a bound without a
+    Jacobian) does not pay for the import."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated",
                                 category=DeprecationWarning)
         import torch._decomp.decompositions_for_jvp  # noqa: F401 - side effect: registers them
-
-
-_load_forward_mode()
 
 RowMap = Callable[[Tensor], Tensor]
 
@@ -101,6 +102,7 @@ class Linearization:
                 self.forward_error = exc
         if self.mode == "forward":
             try:
+                forward_mode()
                 return torch.func.jvp(self.f, (self.z,), (v,))[1]
             except Exception as exc:  # noqa: BLE001 - any failure of torch.func: fall back
                 self._fall_back(exc)
@@ -549,6 +551,7 @@ def _blocks(f: RowMap, z: Tensor, block: int | None) -> Iterator[tuple[Tensor, i
                 direct = None
         if out is None:
             try:
+                forward_mode()
                 out = torch.func.jvp(f, (repeated,), (tangent,))[1]
             except Exception:  # noqa: BLE001 - no forward mode: rebuild from reverse mode
                 if c0:

@@ -96,6 +96,7 @@ from attnverify.checks.reference import (
     reference_vjps,
 )
 from attnverify.coverage import note_judged
+from attnverify.jacobian import forward_mode
 
 F64 = torch.float64
 F32 = torch.float32
@@ -755,6 +756,7 @@ def _forward(f, z, v, u, z64: Tensor | None = None, weights: Tensor | None = Non
     without forward mode; a ``Jv`` that is not finite at some key is a :class:`Violation`
     naming the key (given ``z64``, the scores in float64)."""
     try:
+        forward_mode()
         primal, jv = torch.func.jvp(f, (z,), (v.to(z.dtype),))
     except Exception:  # noqa: BLE001 - no forward mode (classic autograd.Function)
         return None, None, None

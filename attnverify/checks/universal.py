@@ -41,6 +41,7 @@ from attnverify.checks.reference import (
     reference_spec,
 )
 from attnverify.coverage import note_shifts
+from attnverify.jacobian import forward_mode
 from attnverify.strategies import domain
 from attnverify.strategies.layouts import collect, plain, present
 from attnverify.tolerances import tol_for
@@ -684,6 +685,7 @@ def verify_no_side_effects(spec, case, ctx) -> float:
             except Exception:  # noqa: BLE001 - no float64 or no backward: forward only
                 pass
         try:
+            forward_mode()
             torch.func.jvp(lambda x: _out(spec, case, x), (scores.detach().to(torch.float64),),
                            (torch.ones_like(scores, dtype=torch.float64),))
         except Exception:  # noqa: BLE001 - no forward mode
