@@ -13,9 +13,11 @@ controller, which writes the file.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -23,7 +25,7 @@ import pytest
 
 import attnverify
 from attnverify.atomic import check_output_paths
-from attnverify.errors import UsageError
+from attnverify.errors import UsageError, interrupt_signal, terminating_as_interrupt
 from attnverify.runconfig import DEFAULT_PROFILE, PROFILE_NAMES, register_profiles
 
 
@@ -107,6 +109,25 @@ def pytest_configure(config):
         validate(config)
         if str(ATTENTION_SUITE) not in map(str, config.args):
             config.args.append(str(ATTENTION_SUITE))
+    config._attnverify_signals = contextlib.ExitStack()
+    if (target or option(config, "attention")) and not hasattr(config, "workerinput") and (
+            option(config, "json") or option(config, "markdown")):
+        # SIGTERM and SIGHUP (a cancelled CI job) end the session as Ctrl-C does, so that the
+        # certificate of what ran is written (what did not run is not_checked); where the caller
+        # ignores or handles them itself, nothing changes
+        config._attnverify_signals.enter_context(terminating_as_interrupt())
+
+
+def pytest_keyboard_interrupt(excinfo):
+    """Which signal stopped the session (Ctrl-C, or SIGTERM/SIGHUP above), for the
+    certificate's ``interrupted``."""
+    _STOPPED_BY.append(interrupt_signal(excinfo.value))
+
+
+def pytest_unconfigure(config):
+    stack = getattr(config, "_attnverify_signals", None)
+    if stack is not None:
+        stack.close()
 
 
 def _validate(config, target: str) -> None:
@@ -160,6 +181,8 @@ def pytest_pycollect_makemodule(module_path, parent):
 _COLLECTED: list = []
 #: ... of the attention suite.
 _ATTENTION: list = []
+#: The signal that stopped the session, where one did (:func:`pytest_keyboard_interrupt`).
+_STOPPED_BY: list = []
 
 
 def pytest_runtest_logreport(report):
@@ -191,8 +214,9 @@ def pytest_sessionfinish(session, exitstatus):
         # dispatch: the attention suite, collected only when --attnverify-attention is given
         from attnverify.attention.suite import certificate_from_records
     data = certificate_from_records(config, records)
-    if exitstatus == 2:  # pytest.ExitCode.INTERRUPTED: Ctrl-C (what did not run is not_checked)
-        data["interrupted"] = "SIGINT"
+    if exitstatus == 2:  # pytest.ExitCode.INTERRUPTED: a signal (what did not run is not_checked)
+        data["interrupted"] = signal.Signals(_STOPPED_BY[-1] if _STOPPED_BY else
+                                            signal.SIGINT).name
     if json_path:
         report.write_json(json_path, data)
     if md_path:

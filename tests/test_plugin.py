@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
+
+import pytest
+from helpers import PYTHON_WITH_CTRL_C
 
 pytest_plugins = ["pytester"]
 
@@ -162,3 +168,45 @@ def test_plugin_shards_merge_into_what_certify_writes(pytester, monkeypatch, cap
                 for r in json.loads(path.read_text())["targets"][0]["results"]]
 
     assert results(merged) == results(whole)
+
+
+SLOW = '''import time
+
+import torch
+
+
+def slow(scores, dim=-1):
+    time.sleep(0.01)
+    return torch.softmax(scores, dim)
+'''
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
+def test_a_session_stopped_by_a_signal_writes_the_certificate_of_what_ran(tmp_path, stop):
+    """A cancelled CI job (SIGTERM) or Ctrl-C ends the session as an interrupt: the certificate
+    is written, each property that ran as it ended, the others not_checked, and it says which
+    signal stopped it (SIGTERM used to kill pytest before it wrote anything)."""
+    (tmp_path / "slow.py").write_text(SLOW)
+    cert = tmp_path / "cert.json"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [*PYTHON_WITH_CTRL_C, "-m", "pytest", f"--attnverify-target={tmp_path / 'slow.py'}:slow",
+         "--attnverify-profile=dev", f"--attnverify-json={cert}", "-v", "-p", "no:cacheprovider"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if " PASSED" in line:
+                proc.send_signal(getattr(signal, stop))
+                break
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, "".join(seen) + rest  # pytest's INTERRUPTED
+    (t,) = json.loads(cert.read_text())["targets"]
+    data = json.loads(cert.read_text())
+    assert data["interrupted"] == stop
+    status = [r["status"] for r in t["results"]]
+    assert "holds" in status and "not_checked" in status, status
+    assert t["verdict"] == "not_checked"
