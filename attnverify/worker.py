@@ -531,8 +531,10 @@ class Server:
         self.spec = None
         self.kind = ""
         self.reference = None
-        self.recent_inputs = _Recent()
-        self.recent_outputs = _Recent()
+        # the inputs are views of the arena (shared with the checker: nothing to give back);
+        # the outputs are the target's own storage
+        self.recent_inputs = _Recent(release=False)
+        self.recent_outputs = _Recent(release=True)
         #: Functions (``target``, ``reference``, …) whose backward is not differentiable: a
         #: Lanczos step's ``J·v`` is made by forward mode there (:meth:`_reverse_product`).
         self.forward_mode_only: set = set()
@@ -1023,16 +1025,19 @@ class _Recent:
     the storage ranges they occupy in a sorted index (live storages never overlap, so the range
     that starts last at or before an address is the only one that can hold it).
 
-    What is kept is the addresses, not the bytes: once nothing but this holds a CPU storage
-    of :data:`RELEASE_BYTES` or more (no other tensor, view, autograd graph or Python
+    What is kept of the outputs (``release``: storage of the target's own, not views of the
+    arena the checker shares) is the addresses, not the bytes: once nothing but this holds a
+    CPU storage of :data:`RELEASE_BYTES` or more (no other tensor, view, autograd graph or Python
     reference: :func:`_held_only_here`), its whole pages are given back to the system
     (``MADV_DONTNEED``: they read as zeros if touched again), so the guarantee costs address
     space, not memory. Its contents were read by the checker already."""
 
-    def __init__(self) -> None:
+    def __init__(self, release: bool) -> None:
         self.groups: collections.deque = collections.deque()
         self.bytes = 0
         self.starts: list = []  # sorted (device type, device index, start, end)
+        #: Whether the pages of what nothing else holds are given back (private storage).
+        self.releases = release
         #: ``[group, tries left]`` whose large storages may still be in use elsewhere, tried at
         #: the next :data:`RELEASE_TRIES` appends (one held longer, such as a constant, stays).
         self.pending: collections.deque = collections.deque()
@@ -1053,6 +1058,8 @@ class _Recent:
                     del self.starts[i]
             if self.pending and self.pending[0][0] is dropped_group:
                 self.pending.popleft()
+        if not self.releases:
+            return
         self.release()
         if any(t.device.type == "cpu" and t.numel() and
                t.untyped_storage().nbytes() >= RELEASE_BYTES for t in group):

@@ -474,7 +474,7 @@ def test_recent_storages_keep_their_addresses_and_give_back_their_pages():
     graph, a Python reference) keeps its pages."""
     from attnverify import worker
 
-    recent = worker._Recent()
+    recent = worker._Recent(release=True)
     alone = torch.ones(1 << 20, dtype=torch.float64)
     start = alone.untyped_storage().data_ptr()
     recent.append([alone])
