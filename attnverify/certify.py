@@ -616,7 +616,13 @@ def run_unit(
     except WorkerFailed as exc:
         where = f" on example {state.examples}" if state.examples else ""
         if exc.timed_out and state.last is not None:  # shrunk like any failure, in a budget
-            state.last, note = shrink_hang(prop, spec, ctx, state.last)
+            try:
+                state.last, note = shrink_hang(prop, spec, ctx, state.last)
+            except KeyboardInterrupt as stop:  # the hang in hand is kept, as it was found
+                note = f" (as found: the run was {interrupt_word(stop)} before it was shrunk)"
+                raise Interrupted(stop, result=_finish(
+                    prop, claimed, "error", state, start, f"the normalizer {exc.reason}{where}"
+                    f"{note}", None, spec, ctx)) from None
             where += note
         return _finish(prop, claimed, "error", state, start,
                        f"the normalizer {exc.reason}{where}", None, spec, ctx)

@@ -1,11 +1,13 @@
 """Errors that the command line turns into a one-line message and exit code 2, and the
 termination signals that it turns into the interrupt Ctrl-C raises."""
 
+import _thread
 import contextlib
 import os
 import signal
 import sys
 import threading
+import time
 
 
 class UsageError(Exception):
@@ -125,6 +127,11 @@ def signal_word(name: str) -> str:
     return "interrupted" if name == "SIGINT" else f"terminated ({name})"
 
 
+#: The signals :func:`_raise_once` set to be ignored after raising (re-armed where that raise
+#: was lost: :func:`_delivered_again`).
+_DISARMED: set = set()
+
+
 def _raise_once(signum, _frame):
     """The handler of :func:`terminating_as_interrupt` and :func:`interrupt_on_signals`: the
     interrupt raised once; any later one of these signals ignored, so that the unwinding (the
@@ -132,14 +139,68 @@ def _raise_once(signum, _frame):
     for sig in (signal.SIGINT, *TERMINATING):
         if signal.getsignal(sig) is _raise_once:
             signal.signal(sig, signal.SIG_IGN)
+            _DISARMED.add(sig)
     raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
+def _delivered_again(unraisable) -> None:
+    """``sys.unraisablehook`` while the handlers are installed. Python runs a signal's handler
+    at the next instruction of the main thread, which may be inside a garbage collector's
+    callback, a ``__del__`` or a weak reference's finaliser, where an exception cannot
+    propagate: the interrupt is printed as "Exception ignored" and lost, and the run would go
+    on with the signal ignored. Such an interrupt is delivered again instead (the handlers
+    re-armed, the signal sent anew from another thread :data:`REDELIVERY_S` later, once this
+    hook and the collection have returned), so that it stops the run at the next point where
+    it can (where it lands in such a place again, it is delivered again); any other
+    unraisable exception goes to the hook that was there before."""
+    exc = unraisable.exc_value
+    if isinstance(exc, KeyboardInterrupt):
+        signum = interrupt_signal(exc)
+        for sig in list(_DISARMED):
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                signal.signal(sig, _raise_once)
+            _DISARMED.discard(sig)
+        # not threading.Thread: its start waits for the thread, and the handler would run in
+        # that wait, inside this hook again
+        _thread.start_new_thread(_send_soon, (signum,))
+        return
+    _PREVIOUS_HOOK[-1](unraisable)
+
+
+def _send_soon(signum: int) -> None:
+    """Send ``signum`` to this process once the thread that started this one has had time to
+    leave the hook and the collection that called it."""
+    time.sleep(REDELIVERY_S)
+    os.kill(os.getpid(), signum)
+
+
+#: How long after an interrupt was lost it is delivered again (seconds).
+REDELIVERY_S = 0.01
+
+
+#: The ``sys.unraisablehook`` that :func:`_delivered_again` replaced.
+_PREVIOUS_HOOK: list = []
+
+
+def _deliver_lost_interrupts() -> None:
+    """Install :func:`_delivered_again` (once)."""
+    if sys.unraisablehook is not _delivered_again:
+        _PREVIOUS_HOOK.append(sys.unraisablehook)
+        sys.unraisablehook = _delivered_again
+
+
+def _restore_unraisable_hook() -> None:
+    if sys.unraisablehook is _delivered_again and _PREVIOUS_HOOK:
+        sys.unraisablehook = _PREVIOUS_HOOK.pop()
 
 
 def interrupt_on_signals() -> None:
     """For a process another one stops (a job of ``certify --jobs``): Ctrl-C and each of
-    :data:`TERMINATING` raise their interrupt once (:func:`_raise_once`), for good."""
+    :data:`TERMINATING` raise their interrupt once (:func:`_raise_once`), for good; one raised
+    where it cannot propagate is delivered again (:func:`_delivered_again`)."""
     for sig in (signal.SIGINT, *TERMINATING):
         signal.signal(sig, _raise_once)
+    _deliver_lost_interrupts()
 
 
 @contextlib.contextmanager
@@ -153,11 +214,17 @@ def terminating_as_interrupt():
         yield
         return
     previous = {}
+    hooked = sys.unraisablehook is not _delivered_again
     try:
         for sig in TERMINATING:
             if signal.getsignal(sig) == signal.SIG_DFL:
                 previous[sig] = signal.signal(sig, _raise_once)
+        # an interrupt (these, or Ctrl-C's) raised where it cannot propagate is delivered again
+        _deliver_lost_interrupts()
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+            _DISARMED.discard(sig)
+        if hooked:
+            _restore_unraisable_hook()

@@ -143,25 +143,25 @@ def run_jobs(argv: list[str], n: int, ctx, *, quiet: bool) -> dict:
             ended = _forked_jobs(commands, tmp, quiet) if _can_fork() else None
             if ended is None:
                 ended = _spawned_jobs(commands, quiet)
-        except KeyboardInterrupt as exc:
+            usage = [_read(os.path.join(tmp, f"usage{k}")) for k in range(1, n + 1)]
+            first = next((text for text in usage if text), None)
+            if first:  # the same bad input in every job: one line for all (exit 2)
+                raise UsageError(first.decode("utf-8", "replace").strip())
+            parts = []
+            for k, (path, (code, err)) in enumerate(zip(paths, ended), start=1):
+                if not os.path.exists(path):
+                    why = (err or b"").decode("utf-8", "replace").strip().splitlines()
+                    raise UsageError(f"--jobs: job {k} of {n} ended with exit code "
+                                     f"{code} and no results"
+                                     + (f" ({why[-1][:200]})" if why else ""))
+                parts.append((path, load_part(path)))
+            check_together(parts)
+            data = merge_parts(parts)
+        except KeyboardInterrupt as exc:  # during the jobs, or during the merge of their parts
             data = _stopped_parts(paths, exc)
             if data is None:
                 raise
             raise Interrupted(exc, data=_as_serial(data, ctx)) from None
-        usage = [_read(os.path.join(tmp, f"usage{k}")) for k in range(1, n + 1)]
-        first = next((text for text in usage if text), None)
-        if first:  # the same bad input in every job: one line for all (exit 2)
-            raise UsageError(first.decode("utf-8", "replace").strip())
-        parts = []
-        for k, (path, (code, err)) in enumerate(zip(paths, ended), start=1):
-            if not os.path.exists(path):
-                why = (err or b"").decode("utf-8", "replace").strip().splitlines()
-                raise UsageError(f"--jobs: job {k} of {n} ended with exit code "
-                                 f"{code} and no results"
-                                 + (f" ({why[-1][:200]})" if why else ""))
-            parts.append((path, load_part(path)))
-        check_together(parts)
-        data = merge_parts(parts)
     return _as_serial(data, ctx)
 
 

@@ -228,6 +228,53 @@ def test_help_and_readme_state_the_time_limits(capsys):
     assert "--no-isolation" in text
 
 
+@pytest.mark.parametrize("where", ["gc_callback", "__del__"])
+def test_an_interrupt_raised_where_it_cannot_propagate_is_delivered_again(where):
+    """Python runs a signal's handler at the next instruction, which may be inside a garbage
+    collector's callback or a ``__del__``: the interrupt raised there is swallowed ("Exception
+    ignored") and, the signal then ignored, the run went on to its end. It is delivered again
+    and stops the run where it can; the hook is restored afterwards."""
+    import gc
+    import signal
+    import sys
+    import time
+
+    from attnverify.errors import Terminated, terminating_as_interrupt
+
+    ran = []
+
+    def receive_it_here(*_args):
+        if not ran:
+            ran.append(True)
+            signal.raise_signal(signal.SIGTERM)
+            for _ in range(1000):  # the handler runs in here, where it cannot raise
+                pass
+
+    class Finalised:
+        def __del__(self):
+            receive_it_here()
+
+    before = signal.getsignal(signal.SIGTERM), sys.unraisablehook
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(Terminated), terminating_as_interrupt():
+            if where == "gc_callback":
+                gc.callbacks.append(receive_it_here)
+                try:
+                    gc.collect()
+                finally:
+                    gc.callbacks.remove(receive_it_here)
+            else:
+                Finalised()
+            assert ran
+            time.sleep(5)  # delivered again: raised here
+            raise AssertionError("the interrupt was lost")
+        assert (signal.getsignal(signal.SIGTERM), sys.unraisablehook) == \
+            (signal.SIG_DFL, before[1])
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+
+
 def test_sigterm_is_an_interrupt_unless_the_caller_chose_otherwise():
     """Inside a command, SIGTERM (and SIGHUP) at their default disposition raise
     ``Terminated`` once (exit 143), a second one during the unwinding is ignored, and a signal

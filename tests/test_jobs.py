@@ -404,3 +404,66 @@ def test_a_failure_in_hand_when_the_run_is_stopped_is_kept(tmp_path, monkeypatch
     assert kept["counterexample"]["repro"].startswith("attnverify repro")
     assert all(r["message"].endswith("did not finish: the run was terminated (SIGTERM)")
                for r in results[results.index(kept) + 1:])
+
+
+def test_a_hang_in_hand_when_the_run_is_stopped_is_kept(tmp_path, monkeypatch, capsys):
+    """The signal comes while a case that ran past the time limit is being shrunk: the
+    property is reported on the case as found (the message says it was not shrunk), not lost
+    as ``not_checked``; exit 143."""
+    import signal
+
+    from attnverify import certify
+    from attnverify.errors import Terminated
+
+    def stopped(*_args, **_kwargs):
+        raise Terminated(signal.SIGTERM)  # what the handler raises on SIGTERM
+
+    monkeypatch.setattr(certify, "shrink_hang", stopped)
+    monkeypatch.setenv("HOSTILE_MARKER", str(tmp_path / "hung-once"))  # one hang
+    monkeypatch.setenv("ATTNVERIFY_SANDBOX_WRITABLE", str(tmp_path))  # where the marker goes
+    target = f"{Path(__file__).parent / 'fixtures' / 'hostile.py'}:hangs"
+    out = tmp_path / "cert.json"
+    code = main(["certify", target, "--profile", "dev", "--timeout", "2", "--jobs", "1",
+                 "--quiet", "--json", str(out)])
+    err = capsys.readouterr().err
+    assert code == 143, err
+    results = json.loads(out.read_text(encoding="utf-8"))["targets"][0]["results"]
+    kept = next(r for r in results if r["status"] != "holds")
+    assert kept["status"] == "error", kept
+    assert "exceeded the per-example time limit of 2 s" in kept["message"], kept["message"]
+    assert kept["message"].endswith("(as found: the run was terminated (SIGTERM) before it was "
+                                    "shrunk)"), kept["message"]
+    assert kept["counterexample"]["repro"].startswith("attnverify repro")
+    assert all(r["status"] == "not_checked" for r in results[results.index(kept) + 1:])
+
+
+def test_a_run_stopped_while_it_merges_its_jobs_parts_writes_the_certificate(tmp_path,
+                                                                             monkeypatch,
+                                                                             capsys):
+    """The signal comes after every job wrote its part, while the parts are merged: the
+    certificate is still written (every property as it finished), marked interrupted; exit
+    143. It was lost."""
+    import signal
+
+    from attnverify import merge
+    from attnverify.errors import Terminated
+
+    real = merge.merge_parts
+    calls = []
+
+    def stopped_once(parts, **kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise Terminated(signal.SIGTERM)  # what the handler raises on SIGTERM
+        return real(parts, **kwargs)
+
+    monkeypatch.setattr(merge, "merge_parts", stopped_once)
+    out = tmp_path / "cert.json"
+    code = main(["certify", "softmax", "--profile", "dev", "--max-examples", "5", "--jobs", "2",
+                 "--quiet", "--json", str(out)])
+    err = capsys.readouterr().err
+    assert code == 143, err
+    assert len(calls) == 2 and calls[1] == {"stopped": "SIGTERM"}
+    data = json.loads(out.read_text(encoding="utf-8"))
+    assert data["interrupted"] == "SIGTERM"
+    assert {r["status"] for r in data["targets"][0]["results"]} == {"holds"}
