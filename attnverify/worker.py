@@ -531,10 +531,8 @@ class Server:
         self.spec = None
         self.kind = ""
         self.reference = None
-        # the inputs are views of the arena (shared with the checker: nothing to give back);
-        # the outputs are the target's own storage
-        self.recent_inputs = _Recent(release=False)
-        self.recent_outputs = _Recent(release=True)
+        self.recent_inputs = _Recent()
+        self.recent_outputs = _Recent()
         #: Functions (``target``, ``reference``, …) whose backward is not differentiable: a
         #: Lanczos step's ``J·v`` is made by forward mode there (:meth:`_reverse_product`).
         self.forward_mode_only: set = set()
@@ -1023,24 +1021,12 @@ class _Constants:
 class _Recent:
     """Groups of tensors kept referenced, the oldest dropped beyond :data:`RECENT_BYTES`, with
     the storage ranges they occupy in a sorted index (live storages never overlap, so the range
-    that starts last at or before an address is the only one that can hold it).
+    that starts last at or before an address is the only one that can hold it)."""
 
-    What is kept of the outputs (``release``: storage of the target's own, not views of the
-    arena the checker shares) is the addresses, not the bytes: once nothing but this holds a
-    CPU storage of :data:`RELEASE_BYTES` or more (no other tensor, view, autograd graph or Python
-    reference: :func:`_held_only_here`), its whole pages are given back to the system
-    (``MADV_DONTNEED``: they read as zeros if touched again), so the guarantee costs address
-    space, not memory. Its contents were read by the checker already."""
-
-    def __init__(self, release: bool) -> None:
+    def __init__(self) -> None:
         self.groups: collections.deque = collections.deque()
         self.bytes = 0
         self.starts: list = []  # sorted (device type, device index, start, end)
-        #: Whether the pages of what nothing else holds are given back (private storage).
-        self.releases = release
-        #: ``[group, tries left]`` whose large storages may still be in use elsewhere, tried at
-        #: the next :data:`RELEASE_TRIES` appends (one held longer, such as a constant, stays).
-        self.pending: collections.deque = collections.deque()
 
     def append(self, group) -> None:
         ranges = [r for r in (_storage_range(t) for t in group) if r is not None]
@@ -1050,34 +1036,12 @@ class _Recent:
         for r in ranges:
             bisect.insort(self.starts, r)
         while self.bytes > RECENT_BYTES and len(self.groups) > 1:
-            dropped_group, dropped, old = self.groups.popleft()
+            _, dropped, old = self.groups.popleft()
             self.bytes -= dropped
             for r in old:
                 i = bisect.bisect_left(self.starts, r)
                 if i < len(self.starts) and self.starts[i] == r:
                     del self.starts[i]
-            if self.pending and self.pending[0][0] is dropped_group:
-                self.pending.popleft()
-        if not self.releases:
-            return
-        self.release()
-        if any(t.device.type == "cpu" and t.numel() and
-               t.untyped_storage().nbytes() >= RELEASE_BYTES for t in group):
-            self.pending.append([group, RELEASE_TRIES])
-
-    def release(self) -> None:
-        """Give back the pages of the pending groups' large storages that nothing else holds
-        (a group stays pending while one of them is held, e.g. by an autograd graph, for at
-        most :data:`RELEASE_TRIES` tries)."""
-        keep = collections.deque()
-        while self.pending:
-            entry = self.pending.popleft()
-            group = entry[0]
-            if not all(_release(t, group) for t in group):
-                entry[1] -= 1
-                if entry[1] > 0:
-                    keep.append(entry)
-        self.pending = keep
 
     def overlaps(self, r) -> bool:
         if r is None:
@@ -1122,65 +1086,6 @@ def _check_expected(out, want: Any, what: str) -> None:
         raise Border(f"{what} has dtype {got}, not a floating dtype")
     if device is not None and str(out.device) != device:
         raise Border(f"{what} is on {out.device}, but should be on {device} (the input's)")
-
-
-#: Smallest CPU storage (bytes) whose pages :class:`_Recent` gives back.
-RELEASE_BYTES = 1 << 16
-#: Appends at which :class:`_Recent` tries a group held elsewhere again.
-RELEASE_TRIES = 4
-
-
-def _release(t, group) -> bool:
-    """Give back the whole pages of ``t``'s storage when it is large, on the CPU, and held by
-    nothing but the tensors of ``group`` (:func:`_held_only_here`); whether ``t`` is done with
-    (released, or not worth releasing)."""
-    import torch  # worker: torch loads in the zygote, after this
-
-    if t.device.type != "cpu" or not t.numel():
-        return True
-    storage = t.untyped_storage()
-    nbytes, start = storage.nbytes(), storage.data_ptr()
-    if nbytes < RELEASE_BYTES or not start:
-        return True
-    views = sum(1 for u in group if u.device.type == "cpu" and u.numel() and
-                u.untyped_storage().data_ptr() == start)
-    # the storage: one reference of each tensor of the group over it, and ``storage`` here
-    if torch._C._storage_Use_Count(storage._cdata) != views + 1:
-        return False
-    if sys.getrefcount(t) > _OWN_REFERENCES:
-        return False
-    page = _PAGE
-    first = -(-start // page) * page
-    last = (start + nbytes) // page * page
-    if last > first:
-        _madvise(first, last - first)
-    return True
-
-
-#: References to a tensor of a group when only the group holds it: the group's list, the
-#: caller's loop variable, this function's argument and :func:`sys.getrefcount`'s own.
-_OWN_REFERENCES = 4
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def _madvise(address: int, length: int) -> None:
-    """``madvise(MADV_DONTNEED)`` on whole pages of this process's own (nothing where libc
-    is not reachable: the pages then stay, as they always did)."""
-    global _LIBC
-    if _LIBC is None:
-        try:
-            import ctypes  # optional dependency: ctypes (absent on some builds)
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            _LIBC = libc
-        except (ImportError, OSError, AttributeError):
-            _LIBC = False
-    if _LIBC:
-        _LIBC.madvise(address, length, 4)  # MADV_DONTNEED
-
-
-_LIBC = None
 
 
 def _storage_range(t):

@@ -466,40 +466,6 @@ def test_one_large_request_does_not_keep_its_memory(monkeypatch):
         remote.shutdown()
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise semantics of Linux")
-def test_recent_storages_keep_their_addresses_and_give_back_their_pages():
-    """The worker keeps recent inputs and outputs so that no address is reused (a cache keyed
-    on one cannot answer), but gives back the pages of a large one that nothing else holds:
-    read again, it is zeros at the same address. One still held elsewhere (a view, an autograd
-    graph, a Python reference) keeps its pages."""
-    from attnverify import worker
-
-    recent = worker._Recent(release=True)
-    alone = torch.ones(1 << 20, dtype=torch.float64)
-    start = alone.untyped_storage().data_ptr()
-    recent.append([alone])
-    del alone
-    viewed = torch.ones(1 << 20, dtype=torch.float64)
-    view = viewed[1:]
-    recent.append([viewed])
-    named = torch.ones(1 << 20, dtype=torch.float64)
-    elsewhere = [named]
-    recent.append([named])
-    del viewed, named
-    recent.append([torch.ones(4)])  # the next request's group: the earlier ones are tried
-    released, kept, also_kept = (recent.groups[i][0][0] for i in range(3))
-    assert released.untyped_storage().data_ptr() == start
-    assert recent.overlaps(("cpu", None, start + 8, start + 16))
-    assert float(released.sum()) < released.numel() / 2  # its whole pages read as zeros
-    assert bool((kept == 1).all()) and bool((also_kept == 1).all())
-    assert bool((view == 1).all()) and elsewhere
-    del released, kept, also_kept, view, elsewhere
-    recent.append([torch.ones(4)])
-    # released once nothing else holds them; nothing left to try
-    assert all(float(recent.groups[i][0][0].sum()) < (1 << 19) for i in (1, 2))
-    assert not recent.pending
-
-
 def test_a_worker_that_ended_between_requests_is_reported_as_ended_not_as_a_protocol_break():
     """The end of the channel found before a request (the worker died after its last answer) is
     the worker's end, said with its exit status, not a message nobody asked for."""
