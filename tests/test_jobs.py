@@ -372,24 +372,36 @@ def test_a_stopped_run_writes_the_certificate_of_what_it_finished(tmp_path, jobs
     assert f"{len(status) - len(unfinished)} of {len(status)} properties finished" in last
 
 
+def _stopped_at(monkeypatch, module, name: str) -> None:
+    """``module.name`` raises what the handler raises on SIGTERM, wherever it is called."""
+    import signal
+
+    from attnverify.errors import Terminated
+
+    def stopped(*_args, **_kwargs):
+        raise Terminated(signal.SIGTERM)
+
+    monkeypatch.setattr(module, name, stopped)
+
+
+def _certify_serially(target: str, extra: list, out: Path, capsys) -> tuple[int, str]:
+    """``certify TARGET --profile dev EXTRA --jobs 1 --quiet --json OUT``: its exit code and
+    standard error."""
+    code = main(["certify", target, "--profile", "dev", *extra, "--jobs", "1", "--quiet",
+                 "--json", str(out)])
+    return code, capsys.readouterr().err
+
+
 def test_a_failure_in_hand_when_the_run_is_stopped_is_kept(tmp_path, monkeypatch, capsys):
     """The signal comes while a failure found is being shrunk: the property is reported
     violated on the case as found (the message says it was not shrunk), not lost as
     ``not_checked``; the properties after it are ``not_checked``; exit 143."""
-    import signal
-
     from attnverify import certify
-    from attnverify.errors import Terminated
 
-    def stopped(*_args, **_kwargs):
-        raise Terminated(signal.SIGTERM)  # what the handler raises on SIGTERM
-
-    monkeypatch.setattr(certify, "_exact_and_minimal", stopped)
+    _stopped_at(monkeypatch, certify, "_exact_and_minimal")
     target = f"{Path(__file__).parent / 'fixtures' / 'planted.py'}:wrong_threshold_sparsemax"
     out = tmp_path / "cert.json"
-    code = main(["certify", target, "--profile", "dev", "--max-examples", "20", "--jobs", "1",
-                 "--quiet", "--json", str(out)])
-    err = capsys.readouterr().err
+    code, err = _certify_serially(target, ["--max-examples", "20"], out, capsys)
     assert code == 143, err
     assert "attnverify: terminated (SIGTERM): 1 of " in err.splitlines()[-1]
     target = json.loads(out.read_text(encoding="utf-8"))["targets"][0]
@@ -410,22 +422,14 @@ def test_a_hang_in_hand_when_the_run_is_stopped_is_kept(tmp_path, monkeypatch, c
     """The signal comes while a case that ran past the time limit is being shrunk: the
     property is reported on the case as found (the message says it was not shrunk), not lost
     as ``not_checked``; exit 143."""
-    import signal
-
     from attnverify import certify
-    from attnverify.errors import Terminated
 
-    def stopped(*_args, **_kwargs):
-        raise Terminated(signal.SIGTERM)  # what the handler raises on SIGTERM
-
-    monkeypatch.setattr(certify, "shrink_hang", stopped)
+    _stopped_at(monkeypatch, certify, "shrink_hang")
     monkeypatch.setenv("HOSTILE_MARKER", str(tmp_path / "hung-once"))  # one hang
     monkeypatch.setenv("ATTNVERIFY_SANDBOX_WRITABLE", str(tmp_path))  # where the marker goes
     target = f"{Path(__file__).parent / 'fixtures' / 'hostile.py'}:hangs"
     out = tmp_path / "cert.json"
-    code = main(["certify", target, "--profile", "dev", "--timeout", "2", "--jobs", "1",
-                 "--quiet", "--json", str(out)])
-    err = capsys.readouterr().err
+    code, err = _certify_serially(target, ["--timeout", "2"], out, capsys)
     assert code == 143, err
     results = json.loads(out.read_text(encoding="utf-8"))["targets"][0]["results"]
     kept = next(r for r in results if r["status"] != "holds")
