@@ -619,10 +619,10 @@ def run_unit(
             try:
                 state.last, note = shrink_hang(prop, spec, ctx, state.last)
             except KeyboardInterrupt as stop:  # the hang in hand is kept, as it was found
-                note = f" (as found: the run was {interrupt_word(stop)} before it was shrunk)"
                 raise Interrupted(stop, result=_finish(
-                    prop, claimed, "error", state, start, f"the normalizer {exc.reason}{where}"
-                    f"{note}", None, spec, ctx)) from None
+                    prop, claimed, "error", state, start,
+                    f"the normalizer {exc.reason}{where}{_as_found(stop)}", None, spec,
+                    ctx)) from None
             where += note
         return _finish(prop, claimed, "error", state, start,
                        f"the normalizer {exc.reason}{where}", None, spec, ctx)
@@ -797,12 +797,16 @@ def _smallest(failures: list) -> tuple:
                                          _size(f[0]), not isinstance(f[1], Violation)))
 
 
+def _as_found(stop: KeyboardInterrupt) -> str:
+    """What a failure's message adds when ``stop`` came before its case was shrunk."""
+    return f" (as found: the run was {interrupt_word(stop)} before it was shrunk)"
+
+
 def _failed(prop, spec, ctx, claimed, state, start, exc, interrupted=None) -> PropertyResult:
     """The result of a unit that failed with ``exc`` on ``state.last``; ``interrupted``: the
     run was stopped before that case was made exact, minimal and checked alone, which the
     message says."""
-    note = "" if interrupted is None else \
-        f" (as found: the run was {interrupt_word(interrupted)} before it was shrunk)"
+    note = "" if interrupted is None else _as_found(interrupted)
     if isinstance(exc, Violation):
         return _finish(prop, claimed, "violated", state, start, exc.message + note, exc, spec,
                        ctx)

@@ -1177,8 +1177,8 @@ class _Site:
         differentiates, which this site holds. A transform's forward mode gives every input of
         a Function a tangent, dense zeros where it differentiates none (two ``L×L`` tensors at
         each call of a lifted kernel, ``L`` up to 4097); a constant held here gets none."""
-        self.fixed = {i: t for i, t in enumerate(tensors)
-                      if not t.requires_grad and not _wrapped(t) and wire.is_constant(t)}
+        self.fixed = {i: t for i, t in enumerate(tensors)  # is_constant first: cheapest
+                      if wire.is_constant(t) and not t.requires_grad and not _wrapped(t)}
         self.moving = [i for i in range(len(tensors)) if i not in self.fixed]
         return [tensors[i] for i in self.moving]
 
@@ -1402,15 +1402,19 @@ def _autograd_involved(tensors: list, grad_mode: bool) -> bool:
     if torch._C._functorch.peek_interpreter_stack() is not None:
         return True
     for t in tensors:
-        if (grad_mode and t.requires_grad) or forward_ad.unpack_dual(t).tangent is not None:
+        if (grad_mode and t.requires_grad) or _dual(t):
             return True
     return False
 
 
+def _dual(t) -> bool:
+    """Whether ``t`` is a dual tensor of forward mode (``forward_ad``)."""
+    return forward_ad.unpack_dual(t).tangent is not None
+
+
 def _wrapped(t) -> bool:
     """Whether ``t`` is a tensor of a running ``torch.func`` transform or a dual tensor."""
-    return torch._C._functorch.is_functorch_wrapped_tensor(t) or \
-        forward_ad.unpack_dual(t).tangent is not None
+    return torch._C._functorch.is_functorch_wrapped_tensor(t) or _dual(t)
 
 
 def _same_as_first(tensors):
