@@ -109,6 +109,7 @@ def pytest_configure(config):
         validate(config)
         if str(ATTENTION_SUITE) not in map(str, config.args):
             config.args.append(str(ATTENTION_SUITE))
+    _STOPPED_BY.clear()
     config._attnverify_signals = contextlib.ExitStack()
     if (target or option(config, "attention")) and not hasattr(config, "workerinput") and (
             option(config, "json") or option(config, "markdown")):
@@ -118,10 +119,13 @@ def pytest_configure(config):
         config._attnverify_signals.enter_context(terminating_as_interrupt())
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_keyboard_interrupt(excinfo):
     """Which signal stopped the session (Ctrl-C, or SIGTERM/SIGHUP above), for the
-    certificate's ``interrupted``."""
-    _STOPPED_BY.append(interrupt_signal(excinfo.value))
+    certificate's ``interrupted``: noted before pytest's own reporter, which can itself fail on
+    the interrupt's traceback (then pytest ends with exit status 1, not 2)."""
+    if isinstance(excinfo.value, KeyboardInterrupt):
+        _STOPPED_BY.append(interrupt_signal(excinfo.value))
 
 
 def pytest_unconfigure(config):
@@ -214,9 +218,11 @@ def pytest_sessionfinish(session, exitstatus):
         # dispatch: the attention suite, collected only when --attnverify-attention is given
         from attnverify.attention.suite import certificate_from_records
     data = certificate_from_records(config, records)
-    if exitstatus == 2:  # pytest.ExitCode.INTERRUPTED: a signal (what did not run is not_checked)
-        data["interrupted"] = signal.Signals(_STOPPED_BY[-1] if _STOPPED_BY else
-                                            signal.SIGINT).name
+    # stopped by a signal (what did not run is not_checked); exit status 2 is
+    # pytest.ExitCode.INTERRUPTED
+    stop = _STOPPED_BY[-1] if _STOPPED_BY else signal.SIGINT if exitstatus == 2 else None
+    if stop is not None:
+        data["interrupted"] = signal.Signals(stop).name
     if json_path:
         report.write_json(json_path, data)
     if md_path:
