@@ -43,23 +43,34 @@ def close(actual, expected, what: str, tol: Tol = TOL, rtol: float | None = None
 
 def daemonizing_target(folder: Path) -> tuple[str, Path]:
     """``(target, pid file)``: a user's normalizer in ``folder`` that, at its first call, leaves
-    a daemon behind (double fork, new session, sleeping 600 s) and writes its pid to the file."""
+    a daemon behind (double fork, new session, sleeping 600 s) and writes its pid to the file.
+    One daemon however many workers call it at once (``--jobs``): the first to create the lock
+    file forks it, the others wait for its pid. A forked copy never returns into the worker's
+    code (``os._exit`` whatever happens): a copy that did would answer the checker's request a
+    second time, on the channel it inherited."""
     pidfile = folder / "daemon.pid"
     source = folder / "daemonizes.py"
     source.write_text(f"""
 import os, time, torch
 def norm(scores, dim=-1):
-    if not os.path.exists({str(pidfile)!r}):
+    try:
+        first = os.open({str(pidfile)!r} + ".lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        first = None
+    if first is not None:
+        os.close(first)
         if os.fork() == 0:
-            os.setsid()
-            if os.fork() == 0:
-                with open({str(pidfile)!r} + ".tmp", "w") as fh:
-                    fh.write(str(os.getpid()))
-                os.replace({str(pidfile)!r} + ".tmp", {str(pidfile)!r})
-                time.sleep(600)
-            os._exit(0)
-        while not os.path.exists({str(pidfile)!r}):
-            time.sleep(0.01)
+            try:
+                os.setsid()
+                if os.fork() == 0:
+                    with open({str(pidfile)!r} + ".tmp", "w") as fh:
+                        fh.write(str(os.getpid()))
+                    os.replace({str(pidfile)!r} + ".tmp", {str(pidfile)!r})
+                    time.sleep(600)
+            finally:
+                os._exit(0)
+    while not os.path.exists({str(pidfile)!r}):
+        time.sleep(0.01)
     return torch.softmax(scores, dim)
 """)
     return f"{source}:norm", pidfile
