@@ -182,10 +182,11 @@ class Coverage:
         import torch  # torch-free: merge reads coverage
 
         finite = np.isfinite(z)
-        if not finite.any():
+        low = np.where(finite, z, math.inf).min(axis=-1)
+        live = low < math.inf  # a row with a finite score
+        if not live.any():
             return
-        live = finite.any(axis=-1)
-        low = np.where(finite, z, math.inf).min(axis=-1)[live]
+        low = low[live]
         high = np.where(finite, z, -math.inf).max(axis=-1)[live]
         self.values += [float(low.min()), float(high.max())]
         self.far_below += int(bool((high < FAR_BELOW).any()))
@@ -195,10 +196,10 @@ class Coverage:
             mags = np.abs(top)
             self.magnitudes += [float(mags.min()), float(mags.max())]
             # torch's log10, as before: a decade at a power of ten rounds as it always did
-            exps = torch.floor(torch.log10(torch.from_numpy(mags))).to(torch.int64).tolist()
+            exps = torch.floor(torch.log10(torch.from_numpy(mags))).to(torch.int64).numpy()
             seen = self.decades.setdefault(dtype, {"+": set(), "-": set()})
-            seen["+"].update(e for e, t in zip(exps, top.tolist()) if t > 0)
-            seen["-"].update(e for e, t in zip(exps, top.tolist()) if t < 0)
+            seen["+"].update(exps[top > 0].tolist())
+            seen["-"].update(exps[top < 0].tolist())
 
     def _attention(self, case) -> None:
         import torch  # torch-free: merge reads coverage
