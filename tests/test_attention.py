@@ -415,3 +415,104 @@ def test_the_convex_hull_check_compares_a_block_of_queries_at_a_time(monkeypatch
         big = allowed[..., None]
         assert torch.equal(hi, torch.where(big, every, -math.inf).amax(-2))
         assert torch.equal(lo, torch.where(big, every, math.inf).amin(-2))
+
+
+def test_gqa_reference_and_tolerance_equal_those_on_repeated_heads():
+    """The float64 reference, its scores, the tolerance and the hull read the ``H_kv`` key/value
+    heads in place for their query heads (no repeated copy) and give what they give on heads
+    repeated by ``repeat_interleave``: exactly where the arithmetic is exact (integer inputs:
+    the scores, ``Σ|q||k|``, ``V∞``, the maxima), to float64 rounding where a BLAS may order a
+    sum of non-integers differently (``P·V``, the backward's sums over a group)."""
+    import math
+
+    from attnverify.attention import tolerance
+    from attnverify.attention.reference import expand_heads, scores_of
+
+    # By hand: 2 query heads on 1 key/value head, d = 1 (scale 1), keys 0 and 1, values 1 and 3.
+    q = torch.tensor([1.0, 2.0]).reshape(1, 2, 1, 1)
+    k = torch.tensor([0.0, 1.0]).reshape(1, 1, 2, 1)
+    v = torch.tensor([1.0, 3.0]).reshape(1, 1, 2, 1)
+    e = math.e
+    want = torch.tensor([(1 + 3 * e) / (1 + e), (1 + 3 * e**2) / (1 + e**2)], dtype=torch.float64)
+    got = eager(q, k, v, enable_gqa=True).flatten()
+    torch.testing.assert_close(got, want, rtol=1e-15, atol=0)
+    u = torch.finfo(torch.float32).eps / 2  # δs = scale·(2 + √1)·u·max_j |q||k|: 3u, 6u
+    assert torch.equal(tolerance.score_error(q, k, None, torch.float32).flatten(),
+                       torch.tensor([3 * u, 6 * u], dtype=torch.float64))
+
+    # Integers: every score and Σ|q||k| is exact in float64, whatever the order of the sums.
+    g = torch.Generator().manual_seed(7)
+    b, heads, kv, l_q, l_k, d = 2, 6, 2, 3, 5, 4
+    q, k, v = (torch.randint(-3, 4, shape, generator=g).float()
+               for shape in ((b, heads, l_q, d), (b, kv, l_k, d), (b, kv, l_k, d)))
+    k_rep, v_rep = expand_heads(k, heads), expand_heads(v, heads)
+    bias = torch.randint(-2, 3, (b, 1, l_q, l_k), generator=g).double()
+    bias[..., 0, 1:] = float("-inf")
+    allowed = (~torch.isneginf(bias)).expand(b, heads, l_q, l_k)
+    scores = scores_of(q, k, None, score_mod="alibi") + bias
+    assert torch.equal(scores, scores_of(q, k_rep, None, score_mod="alibi") + bias)
+    ref = eager(q, k_rep, v_rep, bias, score_mod="alibi")
+    grouped = eager(q, k, v, bias, enable_gqa=True, score_mod="alibi")
+    torch.testing.assert_close(grouped, ref, rtol=1e-14, atol=1e-15)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert torch.equal(
+            tolerance.output_allowed(ref, q, k, v, None, dtype, allowed, scores),
+            tolerance.output_allowed(ref, q, k_rep, v_rep, None, dtype, allowed, scores))
+        assert torch.equal(tolerance.grad_allowed(ref, q, k, 0.3, dtype),
+                           tolerance.grad_allowed(ref, q, k_rep, 0.3, dtype))
+
+    # The backward: dk and dv of a key/value head sum over its query heads.
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
+    cot = torch.randn(b, heads, l_q, d, generator=g, dtype=torch.float64)
+    dq, dk, dv = torch.autograd.grad((eager(*leaves, bias, enable_gqa=True) * cot).sum(), leaves)
+    rep = [leaves[0]] + [expand_heads(t, heads) for t in leaves[1:]]
+    want = torch.autograd.grad((eager(*rep, bias) * cot).sum(), leaves)
+    for got, ref_grad in zip((dq, dk, dv), want):
+        torch.testing.assert_close(got, ref_grad, rtol=1e-13, atol=1e-14)
+
+    # The hull: the values' projections of each key/value head, not repeated per query head.
+    proj_v = torch.randn(b, kv, l_k, 6, generator=g, dtype=torch.float64)
+    hull = K._hull(proj_v, allowed)
+    assert all(torch.equal(x, y) for x, y in zip(hull, K._hull(expand_heads(proj_v, heads),
+                                                               allowed)))
+
+
+def test_gqa_checks_never_repeat_the_key_value_heads(monkeypatch):
+    """No float64 ``[B, H, L_k, d]`` copy of the keys or values on the reference, tolerance,
+    hull and gradient paths: ``expand_heads`` is called only by the GQA check, once each for
+    the keys and values it hands the kernel, and no ``repeat_interleave`` there reaches the size
+    of a key/value tensor repeated to the query heads."""
+    from attnverify.attention import reference
+
+    case = AC.build(AC.recipe(b=2, h=8, h_kv=2, l_q=5, l_k=9, d=8, dtype="float64",
+                              mask="additive", seed=11))
+    spec = lift(load_attention("sdpa_math"))
+    repeated = case.k.shape[0] * case.q.shape[1] * case.k.shape[-2] * case.k.shape[-1]
+    sizes = []
+    real = torch.Tensor.repeat_interleave
+
+    def repeat_interleave(self, *args, **kw):
+        out = real(self, *args, **kw)
+        sizes.append(out.numel())
+        return out
+
+    def refused(*args, **kw):
+        raise AssertionError("expand_heads on the reference or tolerance path")
+
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave", repeat_interleave)
+    monkeypatch.setattr(reference, "expand_heads", refused)
+    monkeypatch.setattr(K, "expand_heads", refused)
+    for check in (K.check_reference, K.check_mask, K.check_convex_hull, K.check_gradients,
+                  K.check_batch_head_independent):
+        assert check(spec, case, CTX) <= 1, check.__name__
+    assert max(sizes, default=0) < repeated, (sizes, repeated)
+
+    calls = []
+
+    def counted(t, heads):
+        calls.append(t)
+        return real(t, heads // t.shape[-3], dim=-3)
+
+    monkeypatch.setattr(K, "expand_heads", counted)
+    assert K.check_gqa(spec, case, CTX) <= 1
+    assert len(calls) == 2 and calls[0] is case.k and calls[1] is case.v

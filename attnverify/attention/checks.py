@@ -2,7 +2,9 @@
 :class:`~attnverify.registry.NormalizerSpec` (``spec.fn.attention`` is the kernel) and ``case`` an
 :class:`~attnverify.attention.cases.AttnCase`; each returns the worst ratio observed / allowed or
 raises :class:`Violation`. Outputs are compared with the float64 reference under the rule of
-:mod:`attnverify.attention.tolerance`.
+:mod:`attnverify.attention.tolerance`. With GQA, the reference, the tolerance and the hull read
+the ``H_kv`` key/value heads for their query heads in place; only :func:`check_gqa` repeats
+them, to call the kernel on repeated heads.
 """
 
 from __future__ import annotations
@@ -94,8 +96,8 @@ def _modified(a, mask) -> bool:
         isinstance(mask, torch.Tensor) and mask.dtype != torch.bool)
 
 
-def _final_scores(a, q, k_full, mask, scale) -> torch.Tensor:
-    s = scores_of(q, k_full, scale, score_mod=a.score_mod, mod_params=_mod_params(a))
+def _final_scores(a, q, k, mask, scale) -> torch.Tensor:
+    s = scores_of(q, k, scale, score_mod=a.score_mod, mod_params=_mod_params(a))
     if isinstance(mask, torch.Tensor) and mask.dtype != torch.bool:
         s = s + mask.to(F64)
     return s
@@ -109,12 +111,12 @@ def compare(label: str, got, want, a, case, *, q=None, k=None, v=None, mask="cas
     v = case.v if v is None else v
     scale = case.scale if scale == "case" else scale
     mask = case.attn_mask if isinstance(mask, str) else mask
-    heads = q.shape[-3]
-    k_full, v_full = expand_heads(k, heads), expand_heads(v, heads)
+    # k and v keep their H_kv heads under GQA: the scores and the tolerance read each for its
+    # query heads (reference.group_matmul) instead of a repeated float64 copy.
     if allowed is None:
-        allowed = allowed_keys(a, case, q, k_full, mask, causal)
-    scores = _final_scores(a, q, k_full, mask, scale) if _modified(a, mask) else None
-    limit = tolerance.output_allowed(want, q, k_full, v_full, scale, q.dtype, allowed, scores)
+        allowed = allowed_keys(a, case, q, k, mask, causal)
+    scores = _final_scores(a, q, k, mask, scale) if _modified(a, mask) else None
+    limit = tolerance.output_allowed(want, q, k, v, scale, q.dtype, allowed, scores)
     g = got.detach().to(device="cpu", dtype=F64)
     w, limit = want.detach().to("cpu", F64), limit.cpu()
     diff = (g - w).abs().nan_to_num(nan=math.inf)
@@ -253,20 +255,33 @@ HULL_STEP = 1 << 22
 def _hull(proj_v: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(hi, lo)`` ``[B, H, L_q, n]``: the largest and smallest projection over the keys each
     query attends (``-inf``/``inf`` where it attends none), a block of queries at a time, so
-    that the ``[B, H, queries, L_k, n]`` comparison never holds more than :data:`HULL_STEP`
-    elements (all of them at once reach gigabytes on the largest cases)."""
+    that the ``[B, H_kv, queries, L_k, n]`` comparison never holds more than :data:`HULL_STEP`
+    elements (all of them at once reach gigabytes on the largest cases). ``proj_v``
+    ``[B, H_kv, L_k, n]`` may have fewer heads than ``allowed`` ``[B, H, L_q, L_k]`` (GQA:
+    query head ``h`` reads head ``h // g``); it is not repeated per query head."""
     b, h, l_q, l_k = allowed.shape
-    step = max(1, HULL_STEP // max(1, b * h * l_k * proj_v.shape[-1]))
+    kv, n = proj_v.shape[-3], proj_v.shape[-1]
+    group = h // kv
+    if l_q == 0:
+        empty = proj_v.new_empty((*allowed.shape[:-2], 0, n))
+        return empty, empty
+    step = max(1, HULL_STEP // max(1, b * kv * l_k * n))
     each = proj_v[..., None, :, :]
     his, los = [], []
-    for start in range(0, l_q, step):
-        big = allowed[..., start:start + step, :, None]
-        his.append(torch.where(big, each, -math.inf).amax(-2))
-        los.append(torch.where(big, each, math.inf).amin(-2))
-    if not his:
-        empty = proj_v.new_empty((*proj_v.shape[:-2], 0, proj_v.shape[-1]))
-        return empty, empty
-    return torch.cat(his, -2), torch.cat(los, -2)
+    for j in range(group):
+        # query heads j, g + j, 2g + j, …: the j-th of each group, one per key/value head
+        mine = allowed[:, j::group] if group > 1 else allowed
+        hi_j, lo_j = [], []
+        for start in range(0, l_q, step):
+            big = mine[..., start:start + step, :, None]
+            hi_j.append(torch.where(big, each, -math.inf).amax(-2))
+            lo_j.append(torch.where(big, each, math.inf).amin(-2))
+        his.append(torch.cat(hi_j, -2))
+        los.append(torch.cat(lo_j, -2))
+    if group == 1:
+        return his[0], los[0]
+    # [B, H_kv, g, L_q, n] → [B, H, L_q, n]: query head kv·g + j
+    return torch.stack(his, -3).flatten(-4, -3), torch.stack(los, -3).flatten(-4, -3)
 
 
 def check_convex_hull(spec, case, ctx) -> float:
@@ -275,16 +290,18 @@ def check_convex_hull(spec, case, ctx) -> float:
     a = attention_of(spec)
     out = run(a, case.q, case.k, case.v, case.attn_mask, case.is_causal, case.scale,
               case.enable_gqa).to(F64)
-    v = expand_heads(case.v, case.q.shape[-3]).to(F64)
+    v = case.v.to(F64)  # [B, H_kv, L_k, d_v]: _hull reads each head for its query heads
     allowed = allowed_keys(a, case)
     live = allowed.any(-1)
     g = torch.Generator().manual_seed(int(case.recipe["seed"]) + 11)
     dirs = torch.cat([torch.eye(v.shape[-1], dtype=F64),
                       torch.randn(8, v.shape[-1], generator=g, dtype=F64)]).to(v.device)
-    proj_v = v @ dirs.T  # [B, H, L_k, n]
+    proj_v = v @ dirs.T  # [B, H_kv, L_k, n]
     proj_o = out @ dirs.T  # [B, H, L_q, n]
     hi, lo = _hull(proj_v, allowed)
-    scale = proj_v.abs().amax(dim=-2, keepdim=True)  # [B, H, 1, n]
+    scale = proj_v.abs().amax(dim=-2, keepdim=True)  # [B, H_kv, 1, n]
+    if scale.shape[-3] != out.shape[-3]:  # GQA: n numbers a head, repeated to the query heads
+        scale = scale.repeat_interleave(out.shape[-3] // scale.shape[-3], dim=-3)
     t = tol_for(case.q.dtype)
     rounding = t.rtol + tolerance.unit_roundoff(case.q.dtype) + (
         2.0 + math.sqrt(case.k.shape[-2])) * tolerance.U32
@@ -323,8 +340,9 @@ def check_gqa(spec, case, ctx) -> float:
     grouped = run(a, case.q, case.k, case.v, case.attn_mask, case.is_causal, case.scale, True)
     k, v = expand_heads(case.k, heads), expand_heads(case.v, heads)
     repeated = run(a, case.q, k, v, case.attn_mask, case.is_causal, case.scale, False)
+    # The tolerance reads the case's grouped k and v: the same rule as on the repeated ones.
     ratio = compare(f"GQA ({heads} query heads, {case.k.shape[-3]} key/value heads) vs heads "
-                    "repeated", grouped, repeated.to(F64), a, case, k=k, v=v)
+                    "repeated", grouped, repeated.to(F64), a, case)
     return max(ratio, _against_reference("GQA vs the float64 reference", spec, case,
                                          gqa=True))
 
@@ -458,12 +476,10 @@ def _compare_gradients(case, grads, ref_grads) -> float:
     """Each of dq, dk, dv within :func:`attnverify.attention.tolerance.grad_allowed` of the
     reference's (NaN is a violation)."""
     ratio = 0.0
-    heads = case.q.shape[-3]
     for name, got, ref in zip("qkv", grads, ref_grads):
         if got is None:
             got = torch.zeros_like(ref)
-        limit = tolerance.grad_allowed(ref, case.q, expand_heads(case.k, heads), case.scale,
-                                       case.q.dtype)
+        limit = tolerance.grad_allowed(ref, case.q, case.k, case.scale, case.q.dtype)
         diff = (got.to(F64) - ref).abs().nan_to_num(nan=math.inf)
         r = float((diff / limit).max()) if diff.numel() else 0.0
         if r > 1:

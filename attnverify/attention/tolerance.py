@@ -31,6 +31,7 @@ import math
 
 import torch
 
+from attnverify.attention.reference import group_matmul
 from attnverify.tolerances import tol_for
 
 F64 = torch.float64
@@ -46,9 +47,10 @@ def _scale(q: torch.Tensor, scale: float | None) -> float:
 
 
 def score_error(q, k, scale, dtype, allowed=None) -> torch.Tensor:
-    """``δs_i`` ``[batch, heads, L_q, 1]`` in float64 (``k`` already has the query's heads)."""
+    """``δs_i`` ``[batch, heads, L_q, 1]`` in float64 (``k`` has the query's heads, or ``H_kv``
+    of them read as GQA groups: :func:`~attnverify.attention.reference.group_matmul`)."""
     d = q.shape[-1]
-    mag = q.to(F64).abs() @ k.to(F64).abs().transpose(-2, -1)
+    mag = group_matmul(q.to(F64).abs(), k.to(F64).abs().transpose(-2, -1))
     if allowed is not None:
         mag = mag.masked_fill(~allowed, 0.0)
     worst = mag.amax(dim=-1, keepdim=True) if mag.shape[-1] else mag.sum(-1, keepdim=True)
@@ -56,11 +58,15 @@ def score_error(q, k, scale, dtype, allowed=None) -> torch.Tensor:
 
 
 def output_allowed(ref, q, k, v, scale, dtype, allowed=None, scores=None) -> torch.Tensor:
-    """The allowed ``|out − ref|`` per element (float64, ``ref``'s shape). ``scores``: the
-    final float64 scores (after score modification and additive mask), when they differ from
+    """The allowed ``|out − ref|`` per element (float64, ``ref``'s shape). ``k`` and ``v`` have
+    the query's heads or ``H_kv`` of them (GQA, as :func:`score_error`). ``scores``: the final
+    float64 scores (after score modification and additive mask), when they differ from
     ``scale·q·kᵀ``."""
     t = tol_for(dtype)
     v_inf = v.to(F64).abs().amax(dim=(-2, -1), keepdim=True)
+    if v_inf.dim() >= 3 and q.dim() >= 3 and v_inf.shape[-3] not in (1, q.shape[-3]):
+        # GQA: V∞ of each key/value head for each of its query heads (one number a head).
+        v_inf = v_inf.repeat_interleave(q.shape[-3] // v_inf.shape[-3], dim=-3)
     length = k.shape[-2]
     ds = score_error(q, k, scale, dtype, allowed)
     if scores is not None:
