@@ -270,7 +270,7 @@ def _hull(proj_v: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, to
     his, los = [], []
     for j in range(group):
         # query heads j, g + j, 2g + j, …: the j-th of each group, one per key/value head
-        mine = allowed[:, j::group] if group > 1 else allowed
+        mine = allowed[:, j::group]
         hi_j, lo_j = [], []
         for start in range(0, l_q, step):
             big = mine[..., start:start + step, :, None]
