@@ -18,7 +18,8 @@ Every request gets its inputs in fresh storage with the layout the checker gave 
 storage offset), and the inputs of recent calls stay alive, so no address is reused while a
 cache keyed on it could still answer. Every output is checked at the border
 (:meth:`Server.accept`): exactly ``torch.Tensor`` (no subclass), strided and materialised, of the
-expected shape, dtype and device, sharing storage with no input and no recent output. Around
+expected shape, dtype and device, sharing storage with no input and with no earlier output
+that is still alive (:class:`_Returned`: nothing is kept alive for that check). Around
 every call of the code under test the global state a later call depends on (grad mode, default
 dtype and device, deterministic algorithms, float32 matmul precision, threads, anomaly mode, the
 torch functions this module uses) is compared with its state before the call; a change is
@@ -67,8 +68,9 @@ from attnverify.spec import NormalizerSpec, normalizer_spec
 #: Distinct warnings of the target's calls a worker reports over its life.
 MAX_WARNINGS = 20
 
-#: Inputs and outputs of recent calls stay referenced, up to this many bytes each (no address
-#: is reused among them, so a cache keyed on an address cannot answer a later call).
+#: Inputs of recent calls stay referenced, up to this many bytes (no address is reused among
+#: them, so a cache keyed on an address cannot answer a later call). Outputs are not kept: their
+#: storages are remembered by weak reference (:class:`_Returned`).
 RECENT_BYTES = 256 << 20
 #: Longest message text sent back (a target's exception message included).
 MAX_TEXT = 600
@@ -156,6 +158,8 @@ def _watched_functions():
                                         "data_ptr", "numel", "element_size", "stride",
                                         "storage_offset", "size", "dim", "to", "contiguous",
                                         "view", "__torch_function__")),
+        "torch.UntypedStorage": (torch.UntypedStorage, ("_weak_ref", "_expired",
+                                                        "_free_weak_ref", "data_ptr", "nbytes")),
         "torch.autograd": (torch.autograd, ("grad",)),
         "torch.func": (torch.func, ("jvp",)),
     }
@@ -532,7 +536,9 @@ class Server:
         self.kind = ""
         self.reference = None
         self.recent_inputs = _Recent()
-        self.recent_outputs = _Recent()
+        self.recent_outputs = _Returned()
+        #: Where the outputs of a request of several calls go as each call ends (:meth:`handle`).
+        self.sink = None
         #: Functions (``target``, ``reference``, …) whose backward is not differentiable: a
         #: Lanczos step's ``J·v`` is made by forward mode there (:meth:`_reverse_product`).
         self.forward_mode_only: set = set()
@@ -633,9 +639,12 @@ class Server:
             return self.reference
         raise wire.ProtocolError(f"no function {name!r} to call")
 
-    def handle(self, message: dict, tensors: list) -> tuple[dict, list]:
+    def handle(self, message: dict, tensors: list, sink=None) -> tuple[dict, list]:
         """Answer one request on ``tensors`` (fresh storage): ``(reply, outputs)``; the outputs
-        are accepted tensors in the order of ``message["expect"]``."""
+        are accepted tensors in the order of ``message["expect"]``. ``sink(i, out)``, where
+        given, takes output ``i`` of a request of several calls as soon as its call is done
+        (written to its slot), and ``None`` stands for it among the outputs: the worker then
+        holds one call's outputs at a time, not every call's."""
         import torch  # worker: torch loads in the zygote, after this
 
         op = message.get("op")
@@ -643,6 +652,7 @@ class Server:
         args, kwargs = _arguments(message, tensors)
         grad_mode = bool(message.get("grad_mode", False))
         self.recent_inputs.append(tensors)
+        self.sink = sink
         effects: list[str] = []
         reply: dict = {"ok": True}
         before_mode = torch.is_grad_enabled()
@@ -670,6 +680,7 @@ class Server:
             raise
         finally:
             torch.set_grad_enabled(before_mode)
+            self.sink = None
         reply["side_effects"] = effects
         if self.warned:
             reply["warnings"], self.warned = self.warned, []
@@ -751,11 +762,22 @@ class Server:
             try:
                 out = self._guarded(effects, False,
                                     lambda a=args, k=kwargs: fn(*a(), **k()))
-                outputs += self.accept([out], {"expect": [want]}, tensors, alias=True)
+                self._keep(outputs, self.accept([out], {"expect": [want]}, tensors, alias=True))
             except (Raised, Border) as exc:
                 exc.index = i
                 raise
+            out = None  # not alive while the next call runs (see handle)
         return outputs
+
+    def _keep(self, outputs: list, accepted: list) -> None:
+        """The accepted outputs of one call of a request of several: to the sink at once (see
+        :meth:`handle`), else kept for the answer."""
+        if self.sink is None:
+            outputs += accepted
+            return
+        for out in accepted:
+            self.sink(len(outputs), out)
+            outputs.append(None)
 
     def _vjps(self, fn, tensors, message, effects):
         """Several reverse-mode products in one request, in order, each on its own input: per
@@ -781,15 +803,18 @@ class Server:
             try:
                 x.requires_grad_(True)
                 out = self._guarded(effects, True, lambda a=args, k=kwargs: fn(*a(), **k()))
-                outputs += self.accept([out], {"expect": [expect[2 * i]]}, tensors, alias=True)
+                self._keep(outputs, self.accept([out], {"expect": [expect[2 * i]]}, tensors,
+                                                alias=True))
                 grads = self._guarded(effects, False,
                                       lambda o=out, w=x, c=cotangent: _grad(o, [w], c, False))
                 # a gradient may be the cotangent itself (autograd passes it through)
-                outputs += self.accept(list(grads), {"expect": [expect[2 * i + 1]]}, tensors)
+                self._keep(outputs, self.accept(list(grads), {"expect": [expect[2 * i + 1]]},
+                                                tensors))
             except (Raised, Border) as exc:
                 exc.index = i
                 raise
             graph.append(bool(out.requires_grad))
+            out = grads = None  # not alive while the next call runs (see handle)
         return outputs, graph
 
     def _graph(self, fn, args, kwargs, tensors, message, effects, extra=()):
@@ -1053,6 +1078,73 @@ class _Recent:
         return False
 
 
+class _Returned:
+    """The storages of the outputs accepted so far, each by its range and a weak reference
+    (torch's own, on the storage: ``UntypedStorage._weak_ref``). While one lives (the target
+    keeps it: a cache, a buffer it writes into again, a view of its own constant), an output
+    sharing its range is refused, however many calls ago it was returned; once its last
+    reference is gone its memory is free and may rightly be handed out again, so its range no
+    longer counts. Nothing is kept alive for the check, so it costs the worker no memory
+    (keeping recent outputs referenced instead held up to :data:`RECENT_BYTES` of them).
+
+    The ranges are kept sorted by start. Live storages never overlap, so scanning leftwards
+    from the last range that starts before an output's end stops at the first live range that
+    misses it; expired ones met on the way are dropped (their weak references freed), and all
+    of them whenever the index has doubled since the last pruning."""
+
+    def __init__(self) -> None:
+        import torch  # worker: torch loads in the zygote, after this
+
+        self.entries: list = []  # sorted (device type, device index, start, end, weak ref)
+        # taken now: a patch of them by a target is reported and undone (StateGuard) anyway
+        self.expired, self.free = torch.UntypedStorage._expired, torch.UntypedStorage._free_weak_ref
+        self.pruned_at = 0
+
+    def _expired(self, entry) -> bool:
+        return self.expired(entry[4])
+
+    def append(self, group) -> None:
+        for t in group:
+            r = _storage_range(t)
+            if r is not None:
+                bisect.insort(self.entries, (*r, t.untyped_storage()._weak_ref()))
+        if len(self.entries) > 2 * self.pruned_at + 64:
+            self.prune()
+
+    def prune(self) -> None:
+        keep = []
+        for entry in self.entries:
+            if self._expired(entry):
+                self.free(entry[4])
+            else:
+                keep.append(entry)
+        self.entries, self.pruned_at = keep, len(keep)
+
+    def overlaps(self, r) -> bool:
+        if r is None:
+            return False
+        j = bisect.bisect_left(self.entries, (r[0], r[1], r[3])) - 1
+        while j >= 0 and self.entries[j][:2] == r[:2]:
+            entry = self.entries[j]
+            if self._expired(entry):  # gone on the way: the allocator reuses freed addresses at
+                del self.entries[j]  # once, so the dead pile up just where outputs land
+                self.free(entry[4])
+            elif _overlap(r, entry[:4]):
+                return True
+            elif entry[3] <= r[2]:  # live, and wholly left of r: so is every live one before it
+                return False
+            j -= 1
+        return False
+
+    def __del__(self) -> None:
+        entries, self.entries = self.entries, []
+        for entry in entries:
+            try:
+                self.free(entry[4])
+            except Exception:  # noqa: BLE001 - at interpreter exit torch may be gone already
+                return
+
+
 def _check_plain(out, what: str) -> None:
     import torch  # worker: torch loads in the zygote, after this
 
@@ -1268,15 +1360,22 @@ def _answer(server: Server, arena, message: dict) -> dict:
                else wire.read_tensor(arena, slot, fresh=False) for slot in in_slots]
     given = list(tensors)
     out_slots = [wire.Slot.from_json(s, arena.size) for s in outs]
+
+    def write(i: int, out) -> None:
+        if i >= len(out_slots):
+            raise wire.ProtocolError("one output slot per output expected")
+        if out_slots[i].elements:
+            wire.view_of(arena, out_slots[i]).view(out_slots[i].size).copy_(out)
+
     try:
-        reply, outputs = server.handle(message, tensors)
+        reply, outputs = server.handle(message, tensors, sink=write)
     finally:
         _return_inputs(arena, in_slots, given)
     if len(outputs) != len(out_slots):
         raise wire.ProtocolError("one output slot per output expected")
-    for slot, out in zip(out_slots, outputs):
-        if slot.elements:
-            wire.view_of(arena, slot).view(slot.size).copy_(out)
+    for i, out in enumerate(outputs):
+        if out is not None:
+            write(i, out)
     return reply
 
 
