@@ -42,13 +42,14 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.autograd import forward_ad
 
 # jacobian: imported for its side effect of loading torch's forward-mode decompositions quietly
 from attnverify import heartbeat, jacobian, prestart, settings, triton_runtime, wire, worker  # noqa: F401
+from attnverify.attention import cases as attention_cases
 from attnverify.attention.loader import reference_problem
 from attnverify.attention.spec import FIELDS, AttentionSpec, description_problem, unknown_name
 from attnverify.checks.base import Violation, monitor_of
@@ -416,7 +417,13 @@ class History:
     example (:func:`attnverify.heartbeat.current_step`), so that a defect that needs earlier calls
     (a state the target keeps between calls) can be replayed (:mod:`attnverify.sequence`). Cleared
     when a fresh worker starts; the oldest entries are dropped past :data:`HISTORY_ENTRIES`
-    entries or :data:`HISTORY_BYTES` bytes of cases (:attr:`dropped` counts them)."""
+    entries or :data:`HISTORY_BYTES` bytes of cases (:attr:`dropped` counts them).
+
+    An attention case is kept by its recipe alone (:class:`ByRecipe`), which builds the same
+    tensors (:func:`attnverify.attention.cases.build` is deterministic, and every attention case
+    is made by it), and is built again only by :meth:`snapshot`, when a failure's earlier calls
+    are searched; it still counts its tensors' bytes, so the entries kept are the same. Kept
+    whole, the cases of an attention run held the cap (64 MB) in every checker all run long."""
 
     def __init__(self) -> None:
         self.entries: collections.deque = collections.deque()
@@ -437,7 +444,11 @@ class History:
             return
         self.serial = serial
         size = case_bytes(case) if step is not None else 0
-        self.entries.append([step, case if step is not None else None, 1, size])
+        if step is None:
+            case = None
+        elif isinstance(case, attention_cases.AttnCase):
+            case = ByRecipe(case.recipe)
+        self.entries.append([step, case, 1, size])
         self.bytes += size
         while len(self.entries) > HISTORY_ENTRIES or (self.bytes > HISTORY_BYTES and
                                                       len(self.entries) > 1):
@@ -446,8 +457,20 @@ class History:
 
     def snapshot(self) -> list[tuple[Any, Any, int]]:
         """``[(step, case, requests)]``, oldest first (``step`` ``None``: calls outside any
-        example, which cannot be replayed)."""
-        return [(step, case, calls) for step, case, calls, _ in self.entries]
+        example, which cannot be replayed); an attention case built again from its recipe,
+        holding the very recipe object the case it stands for held (so ``case.recipe is
+        given.recipe`` tells the case that was given)."""
+        return [(step, case.build() if isinstance(case, ByRecipe) else case, calls)
+                for step, case, calls, _ in self.entries]
+
+
+class ByRecipe(NamedTuple):
+    """An attention case kept by its recipe (:class:`History`)."""
+
+    recipe: dict
+
+    def build(self):
+        return attention_cases.build(self.recipe)._replace(recipe=self.recipe)
 
 
 #: The most examples, and bytes of their tensors, a worker's :class:`History` keeps.

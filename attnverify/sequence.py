@@ -121,9 +121,20 @@ def history(spec, case) -> list[Step]:
         if step is None or c is None or property_of(step[0]) is None or step[1] not in HOWS:
             continue
         out.append(Step(step[0], step[1], c))
-    while out and out[-1].case is case:
+    while out and _same(out[-1].case, case):
         out.pop()
     return out
+
+
+def _same(kept, case) -> bool:
+    """Whether ``kept`` (an entry of the history) is ``case`` itself: the same object, or, for an
+    attention case the history built again from its recipe, one holding that case's very recipe
+    object (:class:`attnverify.remote.History`)."""
+    if kept is case:
+        return True
+    recipe = getattr(kept, "recipe", None)
+    return isinstance(kept, attention_cases.AttnCase) and recipe is not None and \
+        recipe is getattr(case, "recipe", None)
 
 
 def searched(prop, spec, exc) -> bool:
