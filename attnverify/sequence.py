@@ -130,11 +130,8 @@ def _same(kept, case) -> bool:
     """Whether ``kept`` (an entry of the history) is ``case`` itself: the same object, or, for an
     attention case the history built again from its recipe, one holding that case's very recipe
     object (:class:`attnverify.remote.History`)."""
-    if kept is case:
-        return True
-    recipe = getattr(kept, "recipe", None)
-    return isinstance(kept, attention_cases.AttnCase) and recipe is not None and \
-        recipe is getattr(case, "recipe", None)
+    return kept is case or (isinstance(kept, attention_cases.AttnCase) and
+                            kept.recipe is getattr(case, "recipe", None))
 
 
 def searched(prop, spec, exc) -> bool:

@@ -537,8 +537,6 @@ class Server:
         self.reference = None
         self.recent_inputs = _Recent()
         self.recent_outputs = _Returned()
-        #: Where the outputs of a request of several calls go as each call ends (:meth:`handle`).
-        self.sink = None
         #: Functions (``target``, ``reference``, …) whose backward is not differentiable: a
         #: Lanczos step's ``J·v`` is made by forward mode there (:meth:`_reverse_product`).
         self.forward_mode_only: set = set()
@@ -652,7 +650,6 @@ class Server:
         args, kwargs = _arguments(message, tensors)
         grad_mode = bool(message.get("grad_mode", False))
         self.recent_inputs.append(tensors)
-        self.sink = sink
         effects: list[str] = []
         reply: dict = {"ok": True}
         before_mode = torch.is_grad_enabled()
@@ -661,9 +658,9 @@ class Server:
                 outputs, reply["requires_grad"] = self._call(fn, args, kwargs, tensors, message,
                                                              grad_mode, effects)
             elif op == "calls":
-                outputs = self._calls(fn, tensors, message, effects)
+                outputs = self._calls(fn, tensors, message, effects, sink)
             elif op == "vjps":
-                outputs, reply["graph"] = self._vjps(fn, tensors, message, effects)
+                outputs, reply["graph"] = self._vjps(fn, tensors, message, effects, sink)
             elif op == "vjp":
                 outputs, reply["differentiable"] = self._vjp(fn, args, kwargs, tensors, message,
                                                              effects)
@@ -680,7 +677,6 @@ class Server:
             raise
         finally:
             torch.set_grad_enabled(before_mode)
-            self.sink = None
         reply["side_effects"] = effects
         if self.warned:
             reply["warnings"], self.warned = self.warned, []
@@ -729,7 +725,7 @@ class Server:
         requires_grad = bool(grad and isinstance(out, torch.Tensor) and out.requires_grad)
         return accepted, requires_grad
 
-    def _calls(self, fn, tensors, message, effects):
+    def _calls(self, fn, tensors, message, effects, sink):
         """Several calls in one request, in order, each on its own inputs (no grad); the
         ``index`` of a call that raises or is refused goes back with the error."""
         import torch  # worker: torch loads in the zygote, after this
@@ -762,24 +758,14 @@ class Server:
             try:
                 out = self._guarded(effects, False,
                                     lambda a=args, k=kwargs: fn(*a(), **k()))
-                self._keep(outputs, self.accept([out], {"expect": [want]}, tensors, alias=True))
+                _keep(outputs, self.accept([out], {"expect": [want]}, tensors, alias=True), sink)
             except (Raised, Border) as exc:
                 exc.index = i
                 raise
             out = None  # not alive while the next call runs (see handle)
         return outputs
 
-    def _keep(self, outputs: list, accepted: list) -> None:
-        """The accepted outputs of one call of a request of several: to the sink at once (see
-        :meth:`handle`), else kept for the answer."""
-        if self.sink is None:
-            outputs += accepted
-            return
-        for out in accepted:
-            self.sink(len(outputs), out)
-            outputs.append(None)
-
-    def _vjps(self, fn, tensors, message, effects):
+    def _vjps(self, fn, tensors, message, effects, sink):
         """Several reverse-mode products in one request, in order, each on its own input: per
         call the forward output (with grad; checked as a call's result, ``alias`` included) and
         the gradient ``Jᵀc`` with respect to its input (``c`` the call's ``cotangent``), in
@@ -803,13 +789,13 @@ class Server:
             try:
                 x.requires_grad_(True)
                 out = self._guarded(effects, True, lambda a=args, k=kwargs: fn(*a(), **k()))
-                self._keep(outputs, self.accept([out], {"expect": [expect[2 * i]]}, tensors,
-                                                alias=True))
+                _keep(outputs, self.accept([out], {"expect": [expect[2 * i]]}, tensors,
+                                           alias=True), sink)
                 grads = self._guarded(effects, False,
                                       lambda o=out, w=x, c=cotangent: _grad(o, [w], c, False))
                 # a gradient may be the cotangent itself (autograd passes it through)
-                self._keep(outputs, self.accept(list(grads), {"expect": [expect[2 * i + 1]]},
-                                                tensors))
+                _keep(outputs, self.accept(list(grads), {"expect": [expect[2 * i + 1]]},
+                                           tensors), sink)
             except (Raised, Border) as exc:
                 exc.index = i
                 raise
@@ -1043,6 +1029,17 @@ class _Constants:
         return any(b.untyped_storage().data_ptr() == address for b in self.built.values())
 
 
+def _keep(outputs: list, accepted: list, sink) -> None:
+    """The accepted outputs of one call of a request of several: to ``sink`` at once (see
+    :meth:`Server.handle`), else kept for the answer."""
+    if sink is None:
+        outputs += accepted
+        return
+    for out in accepted:
+        sink(len(outputs), out)
+        outputs.append(None)
+
+
 class _Recent:
     """Groups of tensors kept referenced, the oldest dropped beyond :data:`RECENT_BYTES`, with
     the storage ranges they occupy in a sorted index (live storages never overlap, so the range
@@ -1100,9 +1097,6 @@ class _Returned:
         self.expired, self.free = torch.UntypedStorage._expired, torch.UntypedStorage._free_weak_ref
         self.pruned_at = 0
 
-    def _expired(self, entry) -> bool:
-        return self.expired(entry[4])
-
     def append(self, group) -> None:
         for t in group:
             r = _storage_range(t)
@@ -1114,7 +1108,7 @@ class _Returned:
     def prune(self) -> None:
         keep = []
         for entry in self.entries:
-            if self._expired(entry):
+            if self.expired(entry[4]):
                 self.free(entry[4])
             else:
                 keep.append(entry)
@@ -1126,7 +1120,7 @@ class _Returned:
         j = bisect.bisect_left(self.entries, (r[0], r[1], r[3])) - 1
         while j >= 0 and self.entries[j][:2] == r[:2]:
             entry = self.entries[j]
-            if self._expired(entry):  # gone on the way: the allocator reuses freed addresses at
+            if self.expired(entry[4]):  # gone on the way: the allocator reuses freed addresses at
                 del self.entries[j]  # once, so the dead pile up just where outputs land
                 self.free(entry[4])
             elif _overlap(r, entry[:4]):
