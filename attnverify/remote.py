@@ -931,9 +931,8 @@ class Channel:
         as written): its own bytes, or those of the call that reused its storage (given call
         i's values after it returned)."""
         expected = list(range(len(written)))
-        for call in message.get("calls") or ():
-            if isinstance(call, dict) and type(call.get("reuse")) is int:
-                expected[call["reuse"]] = call["args"][0]["$tensor"]
+        for earlier, mine in _reuses(message):
+            expected[earlier] = mine
         return [written[j] for j in expected]
 
     def _check_late(self, everything: bool) -> None:
@@ -968,9 +967,8 @@ class Channel:
         """:meth:`_check_inputs` in this process (``--no-isolation``): the inputs after the
         call against copies taken before it (a reused storage holds the later call's values)."""
         expected = list(range(len(tensors)))
-        for i, call in enumerate(message.get("calls") or ()):
-            if isinstance(call, dict) and type(call.get("reuse")) is int:
-                expected[call["reuse"]] = i
+        for earlier, mine in _reuses(message):
+            expected[earlier] = mine
         for i, t in enumerate(fresh):
             want = given[expected[i]]
             if t.numel() and not torch.equal(_raw(t), _raw(want)):
@@ -1126,6 +1124,17 @@ def _expected_bytes(t: torch.Tensor) -> torch.Tensor | bytes:
             return ctypes.string_at(storage.data_ptr(), n)
     raw = _raw(t)
     return raw.clone() if t.device.type == "cpu" else raw  # off the CPU: .cpu() copied
+
+
+def _reuses(message: dict) -> list[tuple[int, int]]:
+    """``(earlier, mine)`` of each call of a ``calls`` request that reuses an earlier input's
+    storage: the slot it reuses, and the slot of its own input (its argument ``arg``, 0 unless
+    said) whose values it writes there."""
+    pairs = []
+    for call in message.get("calls") or ():
+        if isinstance(call, dict) and type(call.get("reuse")) is int:
+            pairs.append((call["reuse"], call["args"][call.get("arg", 0)]["$tensor"]))
+    return pairs
 
 
 def _no_reuse_of(recipes: list, message: dict) -> None:
@@ -1601,7 +1610,8 @@ class RemoteAttentionFunction:
     def many(self, calls: list, *, reuse: dict | None = None) -> list:
         """The kernel on each of ``calls`` (``(q, k, v, kwargs)``; no grad), in order, in one
         request; a call that raises raises :class:`TargetRaised` with its ``index``. ``reuse``
-        ``{i: j}``: call ``i`` gets its queries in the very tensor call ``j`` was given."""
+        ``{i: j}``: call ``i`` gets its first input that is no built constant (the lifting's
+        moving ``Q`` or ``K``) in the very tensor call ``j`` was given there."""
         tensors, sent, outputs, firsts = [], [], [], []
         for q, k, v, kw in calls:
             firsts.append(len(tensors))
@@ -1610,7 +1620,10 @@ class RemoteAttentionFunction:
             sent.append({"args": args, "kwargs": _plain_kwargs(kw, tensors)})
             outputs.append(((*q.shape[:-1], v.shape[-1]), q.dtype, str(q.device)))
         for i, j in (reuse or {}).items():
-            sent[i]["reuse"] = firsts[j]
+            arg = next((a for a, t in enumerate(calls[i][:3]) if wire.recipe_of(t) is None), 0)
+            sent[i]["reuse"] = firsts[j] + arg
+            if arg:
+                sent[i]["arg"] = arg
         _, results = self.channel.request({"op": "calls", "fn": "target", "calls": sent},
                                           [t.detach() for t in tensors], outputs)
         return results

@@ -742,8 +742,12 @@ class Server:
             if reuse is not None:
                 # new values in the storage (the very tensor) an earlier call was given: an
                 # answer remembered by address or identity shows itself here
-                mine = _index(sub["args"][0].get("$tensor") if sub.get("args") and
-                              isinstance(sub["args"][0], dict) else None, len(tensors))
+                arg = sub.get("arg", 0)
+                given = sub.get("args")
+                if type(arg) is not int or not isinstance(given, list) or \
+                        not 0 <= arg < len(given) or not isinstance(given[arg], dict):
+                    raise wire.ProtocolError("reuse of an argument the call is not given")
+                mine = _index(given[arg].get("$tensor"), len(tensors))
                 earlier, new = tensors[_index(reuse, len(tensors))], tensors[mine]
                 if self.constants.owns(earlier):
                     raise wire.ProtocolError("reuse of a read-only constant")

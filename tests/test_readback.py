@@ -365,3 +365,44 @@ def test_lifted_calls_go_in_one_request_with_reuse_at_the_queries():
         assert remote.Channel._expected(list("abcdefgh"), message) == list("hbcdefgh")
     finally:
         remote.shutdown()
+
+
+def test_the_worker_refuses_reuse_of_an_argument_a_call_is_not_given():
+    from attnverify.worker import Server
+
+    server = Server()
+    server.load({"kind": "normalizer", "target": "softmax", "params": {}})
+    xs = [torch.randn(2, 5, dtype=torch.float64) for _ in range(2)]
+    want = {"size": [2, 5], "dtype": "float64", "device": "cpu"}
+    first = {"args": [{"$tensor": 0}], "kwargs": {"dim": -1}}
+    for arg in (1, -1, "0", None):
+        second = {"args": [{"$tensor": 1}], "kwargs": {"dim": -1}, "reuse": 0, "arg": arg}
+        with pytest.raises(wire.ProtocolError):
+            server.handle({"op": "calls", "fn": "target", "calls": [first, second],
+                           "expect": [want, want]}, [x.clone() for x in xs])
+    reply, outs = server.handle({"op": "calls", "fn": "target", "expect": [want, want],
+                                 "calls": [first, {**first, "args": [{"$tensor": 1}],
+                                                   "reuse": 0, "arg": 0}]},
+                                [x.clone() for x in xs])
+    assert reply["ok"] and torch.equal(outs[1], torch.softmax(xs[1], -1))
+
+
+@pytest.mark.parametrize("length", [7, 1027])
+def test_reuse_in_the_checkers_process_is_no_write_into_the_input(length):
+    """Under ``--no-isolation`` the inputs are compared after the request with what each slot
+    must hold: a reused slot holds the reusing call's values, found by the argument it takes
+    (of three a call: ``certify --attention sdpa --no-isolation`` once failed ``deterministic``
+    as a write into its input)."""
+    import dataclasses
+
+    from attnverify.checks.base import call_many
+
+    ctx = dataclasses.replace(make_context("dev"), isolation=False)
+    spec = remote.open_attention("sdpa", {}, ctx)
+    try:
+        xs = [torch.randn(2, length, dtype=torch.float64) for _ in range(2)]
+        outs = call_many(lift.lift(spec), xs, reuse={1: 0})
+        for x, out in zip(xs, outs):
+            assert torch.allclose(out, torch.softmax(x, -1))
+    finally:
+        remote.shutdown()
