@@ -367,6 +367,78 @@ def test_lifted_calls_go_in_one_request_with_reuse_at_the_queries():
         remote.shutdown()
 
 
+def test_long_rows_are_lifted_with_the_scores_in_the_keys():
+    """Rows of at least ``TRANSPOSED_FROM`` scores, fewer rows than keys: ``Q = I``, ``K = Sᵀ``
+    (``d`` = rows, no dense ``L × L`` key); shorter rows keep ``Q = S``, ``K = V = I``. The
+    weights and their gradient are the normalizer's either way."""
+    shapes = []
+
+    def kernel(q, k, v, attn_mask=None, is_causal=False, scale=None):
+        shapes.append((tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                                                scale=scale)
+
+    norm = lift.lift(attention_spec(kernel, id="recording"))
+    n = lift.TRANSPOSED_FROM
+    long = torch.randn(3, n + 5, dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():
+        long[1, 7] = float("-inf")
+    short = torch.randn(5, 6, dtype=torch.float64)
+    square = torch.randn(n, n, dtype=torch.float64)
+    out = norm.fn(long)
+    assert torch.allclose(norm.fn(short), torch.softmax(short, -1))
+    assert torch.allclose(norm.fn(square), torch.softmax(square, -1))
+    assert shapes == [((1, 1, 3, 3), (1, 1, n + 5, 3), (1, 1, n + 5, n + 5)),
+                      ((1, 1, 5, 6), (1, 1, 6, 6), (1, 1, 6, 6)),
+                      ((1, 1, n, n), (1, 1, n, n), (1, 1, n, n))]
+    want = torch.softmax(long, -1)
+    assert torch.allclose(out, want) and out[1, 7] == 0
+    u = torch.randn_like(want)
+    got, = torch.autograd.grad(out, long, u)
+    expected, = torch.autograd.grad(want, long, u)
+    assert torch.allclose(got, expected)
+
+
+CACHES_BY_KEY = '''import torch
+
+_SEEN = {}
+
+
+def attn(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    at = key.data_ptr()  # an answer remembered by the address of the keys
+    if at not in _SEEN:
+        _SEEN[at] = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, scale=scale)
+    return _SEEN[at].clone()
+'''
+
+
+def test_lifted_calls_reuse_the_keys_where_they_carry_the_scores(tmp_path):
+    """Where the lifting puts the scores in the keys (``Q`` is a built constant, which no call
+    may be given again), ``reuse`` gives a later call the keys' storage of an earlier one: a
+    kernel that remembers its answer by the keys' address answers the new scores with the old
+    weights, and is seen to."""
+    from attnverify.checks.base import call_many
+
+    path = tmp_path / "caches_by_key.py"
+    path.write_text(CACHES_BY_KEY)
+    n = lift.TRANSPOSED_FROM + 3
+    for target, fooled in (("sdpa", False), (f"{path}:attn", True)):
+        spec = remote.open_attention(target, {}, make_context("dev"))
+        try:
+            xs = [torch.randn(2, n, dtype=torch.float64) for _ in range(2)]
+            before = spec.fn.channel.monitor.calls
+            outs = call_many(lift.lift(spec), xs, reuse={1: 0})
+            assert spec.fn.channel.monitor.calls - before == 1
+            assert torch.allclose(outs[0], torch.softmax(xs[0], -1))
+            assert torch.allclose(outs[1], torch.softmax(xs[1], -1)) is not fooled
+        finally:
+            remote.shutdown()
+    message = {"calls": [{"args": [{"$tensor": i} for i in range(3)]},
+                         {"args": [{"$tensor": i} for i in range(3, 6)], "reuse": 1, "arg": 1}]}
+    assert remote.Channel._expected(list("abcdef"), message) == list("aecdef")
+
+
 def test_the_worker_refuses_reuse_of_an_argument_a_call_is_not_given():
     from attnverify.worker import Server
 
@@ -387,7 +459,7 @@ def test_the_worker_refuses_reuse_of_an_argument_a_call_is_not_given():
     assert reply["ok"] and torch.equal(outs[1], torch.softmax(xs[1], -1))
 
 
-@pytest.mark.parametrize("length", [7, 1027])
+@pytest.mark.parametrize("length", [7, lift.TRANSPOSED_FROM + 3])
 def test_reuse_in_the_checkers_process_is_no_write_into_the_input(length):
     """Under ``--no-isolation`` the inputs are compared after the request with what each slot
     must hold: a reused slot holds the reusing call's values, found by the argument it takes

@@ -11,6 +11,12 @@ For scores ``S`` ``[rows, L]`` (``-inf`` = masked key) the kernel is called with
 The rows become the queries of one ``[1, 1, rows, L]`` call. ``K = I`` needs head dimension
 ``d = L``, so a kernel with ``max_head_dim`` is lifted only on rows up to that length; longer rows
 are checked by the attention-level properties on generated ``Q``, ``K``, ``V``.
+
+Long rows, few of them (``L ≥`` :data:`TRANSPOSED_FROM` and fewer rows than keys), go the other
+way round: ``query = I_rows``, ``key = Sᵀ`` (masked entries 0), so ``scale·Q·Kᵀ = S`` as exactly,
+with ``d = rows``. The weights are the same; the kernel is spared a dense ``L × L`` key (and the
+copies of it a backward keeps: 128 MiB in float64 at ``L = 4096``). The scores then move in the
+keys: their gradient flows through ``key``.
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ NEG_INF = float("-inf")
 LIFTED_CLAIMS = ("simplex", "sub_simplex", "nonnegative", "affine_sum", "shift_invariant",
                  "order_preserving", "fully_masked_row")
 
+#: Rows at least this long, fewer of them than keys, are lifted with ``Q = I``, ``K = Sᵀ``.
+TRANSPOSED_FROM = 1024
+
 
 class Lifted:
     """``fn(scores, dim=-1)`` calling the attention kernel; ``.attention`` is its spec."""
@@ -40,11 +49,12 @@ class Lifted:
     def __init__(self, attention: AttentionSpec):
         self.attention = attention
         self.__name__ = attention.id
-        self.__doc__ = f"{attention.id} lifted to a normalizer (Q = S, K = V = I, scale = 1)"
+        self.__doc__ = (f"{attention.id} lifted to a normalizer (Q = S, K = V = I, scale = 1; long "
+                        "rows Q = I, K = Sᵀ)")
 
     def __call__(self, scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        q, eye, mask = self._arguments(scores, dim)
-        out = self.attention(q, eye, eye, attn_mask=mask, scale=1.0)
+        q, k, v, mask = self._arguments(scores, dim)
+        out = self.attention(q, k, v, attn_mask=mask, scale=1.0)
         return self._weights(out, scores, dim)
 
     @property
@@ -59,40 +69,50 @@ class Lifted:
             calls = []
             for i, scores in enumerate(inputs):
                 try:
-                    q, eye, mask = self._arguments(scores, dim)
+                    q, k, v, mask = self._arguments(scores, dim)
                 except Exception as exc:
                     exc.index = i  # the input that raised (checks.base.call_many)
                     raise
-                calls.append((q, eye, eye, {**self.attention.params, "attn_mask": mask,
-                                            "is_causal": False, "scale": 1.0}))
+                calls.append((q, k, v, {**self.attention.params, "attn_mask": mask,
+                                        "is_causal": False, "scale": 1.0}))
             outs = batch(calls, reuse=reuse)
             return [self._weights(out, scores, dim) for out, scores in zip(outs, inputs)]
 
         return many
 
     def _arguments(self, scores: torch.Tensor, dim: int):
-        """``(q, K = V = I, attn_mask)`` of the call that gives the weights of ``scores``."""
+        """``(q, k, v, attn_mask)`` of the call that gives the weights of ``scores``: ``Q = S``,
+        ``K = V = I``, or for long rows, fewer than their keys, ``Q = I``, ``K = Sᵀ``, ``V = I``."""
         z = scores.movedim(dim, -1)
         length = z.shape[-1]
-        limit = self.attention.max_head_dim
-        if limit is not None and length > limit:
-            raise ValueError(f"{self.attention.id}: rows of length {length} exceed the head "
-                             f"dimension it takes ({limit}); the lifting needs d = L")
         rows = z.reshape(1, 1, -1, length)
+        transposed = length >= TRANSPOSED_FROM and 0 < rows.shape[-2] < length
+        d = rows.shape[-2] if transposed else length
+        limit = self.attention.max_head_dim
+        if limit is not None and d > limit:
+            raise ValueError(f"{self.attention.id}: the lifting of {rows.shape[-2]} rows of "
+                             f"length {length} needs head dimension {d}, more than it takes "
+                             f"({limit})")
         masked = rows == NEG_INF
-        q = rows.masked_fill(masked, 0.0)
+        moving = rows.masked_fill(masked, 0.0)
+        eye = self._eye(length, scores)
+        mask = ~masked if bool(masked.any()) else None
+        if transposed:
+            return self._eye(d, scores), moving.transpose(-2, -1).contiguous(), eye, mask
+        return moving, eye, eye, mask
+
+    def _eye(self, n: int, scores: torch.Tensor) -> torch.Tensor:
+        """``I_n`` as ``[1, 1, n, n]``: built once where the kernel gets a copy."""
         if getattr(self.attention.fn, "copies_inputs", False) and scores.device.type == "cpu":
-            eye = _identity(length, scores.dtype)  # the kernel gets a copy: built once
-        else:
-            eye = torch.eye(length, dtype=scores.dtype, device=scores.device)[None, None]
-        return q, eye, (~masked if bool(masked.any()) else None)
+            return _identity(n, scores.dtype)
+        return torch.eye(n, dtype=scores.dtype, device=scores.device)[None, None]
 
     @staticmethod
     def _weights(out: torch.Tensor, scores: torch.Tensor, dim: int) -> torch.Tensor:
         return out.reshape(scores.movedim(dim, -1).shape).movedim(-1, dim)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=16)
 def _identity(length: int, dtype: torch.dtype) -> torch.Tensor:
     """``I_L`` as ``[1, 1, L, L]`` on the CPU, built once per length and dtype, for a kernel
     behind the process boundary; marked constant with the recipe ``"eye"``
@@ -128,7 +148,7 @@ def lift(attention: AttentionSpec) -> NormalizerSpec:
         claims=lifted_claims(attention),
         space=attention.space,
         source=attention.source,
-        description=f"{attention.id} lifted (Q = S, K = V = I)",
+        description=f"{attention.id} lifted (Q = S, K = V = I; long rows Q = I, K = Sᵀ)",
     )
     return dataclasses.replace(spec, target=normalizer_target(attention))
 
