@@ -10,7 +10,9 @@ certificate's) builds as it always did, but for a band or window past the last k
 models and their neighbours), ``h_kv`` key/value heads (any divisor of ``h``: GQA groups up to
 16), head dimensions ``d`` and ``d_v`` drawn independently (powers of two and not), ``L_q`` and
 ``L_k`` either side of the block sizes of tiled kernels (64, 128) with tails. The queries' scores
-(``b·h·L_q·L_k``) stay within :data:`BUDGET`.
+(``b·h·L_q·L_k``) stay within :data:`BUDGET`, and each of ``Q``, ``K``, ``V`` (keys and values
+counted at every query head) within :data:`ELEMENTS`: each size reaches its largest value, but
+not all of them in one case.
 
 **Query/key kinds** (the embedding settings of the papers, ``Δ = ‖q‖·max‖k‖``): ``gaussian``;
 ``aligned`` (every key ``±`` a multiple of one query direction: large logits, exact ties);
@@ -112,6 +114,10 @@ GROUPS = (2, 3, 4, 8, 5, 16)
 KV_HEADS = (1, 2, 3, 4, 8, 5, 6)
 #: Most scores (``b·h·L_q·L_k``) a generated case has: big shapes get shorter sequences.
 BUDGET = 1 << 18
+#: Most entries a generated case's ``[b, h, L, max(d, d_v)]`` query, key or value (the keys and
+#: values repeated to the query heads, as a GQA check does) has: many heads of a wide head
+#: dimension get shorter sequences (every length, head count and ``d`` is still reached).
+ELEMENTS = 1 << 21
 #: What the unused entries of a sliced buffer hold (a kernel that reads them is visibly wrong).
 FILL_KEYS, FILL_ADDITIVE = 1e3, 37.0
 
@@ -433,7 +439,8 @@ def _offsets(dtype: str):
 def recipes(*, dtypes, masks=("none",), max_keys=MAX_KEYS, gqa=False, head_dims=HEAD_DIMS,
             min_keys=1, positive_v=False, scales=("default", "explicit"), device="cpu",
             min_batch=1, max_batch=MAX_BATCH, max_heads=MAX_HEADS, mask_types=MASK_TYPES,
-            dead=False, max_head_dim=None, layouts=LAYOUTS, budget=BUDGET, cap=None):
+            dead=False, max_head_dim=None, layouts=LAYOUTS, budget=BUDGET, elements=ELEMENTS,
+            cap=None):
     """Hypothesis strategy of recipes; ``gqa=True`` draws fewer key/value heads than query heads,
     ``gqa="mixed"`` sometimes. ``max_head_dim`` caps ``d`` and ``d_v`` (a kernel's declared
     limit); ``dead``: every mask has query rows that see no key; ``cap``
@@ -458,8 +465,9 @@ def recipes(*, dtypes, masks=("none",), max_keys=MAX_KEYS, gqa=False, head_dims=
         d = draw(head_dim)
         d_v = draw(_value_dims(d, tuple(dims)))
         room = max(1, budget // (b * h))
-        l_q = draw(_lengths(1, min(MAX_QUERIES, max(1, room // max(1, min_keys)))))
-        l_k = draw(_lengths(min_keys, max(min_keys, min(max_keys, room // l_q))))
+        longest = max(1, elements // (b * h * max(d, d_v)))
+        l_q = draw(_lengths(1, min(MAX_QUERIES, longest, max(1, room // max(1, min_keys)))))
+        l_k = draw(_lengths(min_keys, max(min_keys, min(max_keys, longest, room // l_q))))
         scale_mode = draw(fixed["scale_mode"])
         dtype = draw(fixed["dtype"])
         out = {
