@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -474,6 +475,9 @@ class Recipe:
 
 #: Largest identity a :class:`Recipe` names (rows).
 MAX_EYE = 1 << 16
+#: The pages of identities each side keeps for later requests (:class:`Identities`): two of
+#: 4096 rows.
+KEEP_EYES = 32 << 20
 _FLOATS = ("float64", "float32", "float16", "bfloat16")
 
 
@@ -518,6 +522,42 @@ def eye_pages(n: int, dtype, *, readonly: bool):
         if readonly and libc.mprotect(address, nbytes, mmap.PROT_READ) != 0:
             return None
     return eye.view(n, n)
+
+
+def eye_resident(n: int, itemsize: int) -> int:
+    """The bytes :func:`eye_pages` allocates for ``I_n``: the pages its diagonal touches (one a
+    row once a row spans a page)."""
+    page = mmap.PAGESIZE
+    return min(-(-n * n * itemsize // page), n) * page
+
+
+class Identities:
+    """Identities kept for later use, the most recently used first, while the pages they hold
+    (:func:`eye_resident`) stay within ``budget`` bytes (the last one used is always kept):
+    an identity of 4096 rows holds 16 MiB in any dtype, so a count of them would not bound the
+    memory; building one again costs a page fault a row."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.kept: OrderedDict = OrderedDict()
+        self.held = 0
+
+    def get(self, key):
+        found = self.kept.pop(key, None)
+        if found is not None:
+            self.kept[key] = found
+        return None if found is None else found[0]
+
+    def put(self, key, eye, resident: int):
+        old = self.kept.pop(key, None)
+        self.held += resident - (old[1] if old is not None else 0)
+        self.kept[key] = (eye, resident)
+        while self.held > self.budget and len(self.kept) > 1:
+            self.held -= self.kept.popitem(last=False)[1][1]
+        return eye
+
+    def values(self):
+        return [eye for eye, _ in self.kept.values()]
 
 
 #: Tensors marked :func:`constant`, by the address of their storage: ``(weak reference, the

@@ -1002,28 +1002,26 @@ def _triton_record(mode, spec, before) -> dict[str, str]:
 class _Constants:
     """The constants the checker names by recipe (:class:`attnverify.wire.Recipe`), built here:
     each identity once, read-only (:func:`attnverify.wire.eye_pages`), and kept for later
-    requests (the :data:`KEEP` last used); where it cannot be protected, a fresh one for every
-    request, so that a target writing into one cannot change a later call's."""
-
-    KEEP = 4
+    requests while their pages fit :data:`attnverify.wire.KEEP_EYES`; where it cannot be
+    protected, a fresh one for every request, so that a target writing into one cannot change
+    a later call's."""
 
     def __init__(self) -> None:
-        self.built: collections.OrderedDict = collections.OrderedDict()
+        self.built = wire.Identities(wire.KEEP_EYES)
 
     def get(self, recipe: wire.Recipe):
         import torch  # worker: torch loads in the zygote, after this
 
         dtype = wire.torch_dtype(recipe.dtype)
         key = (recipe.n, recipe.dtype)
-        base = self.built.pop(key, None)
+        base = self.built.get(key)
         if base is None:
             base = wire.eye_pages(recipe.n, dtype, readonly=True)
+            if base is not None:
+                self.built.put(key, base, wire.eye_resident(
+                    recipe.n, torch.empty(0, dtype=dtype).element_size()))
         if base is None:
             base = torch.eye(recipe.n, dtype=dtype)
-        else:
-            self.built[key] = base
-            while len(self.built) > self.KEEP:
-                self.built.popitem(last=False)
         t = torch.as_strided(base, recipe.size, recipe.stride, 0)
         return t if recipe.device == "cpu" else t.to(recipe.device)
 

@@ -22,7 +22,6 @@ keys: their gradient flows through ``key``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 
@@ -112,22 +111,32 @@ class Lifted:
         return out.reshape(scores.movedim(dim, -1).shape).movedim(-1, dim)
 
 
-@functools.lru_cache(maxsize=16)
+#: The identities built here, kept while their pages fit :data:`attnverify.wire.KEEP_EYES`.
+_IDENTITIES = wire.Identities(wire.KEEP_EYES)
+
+
 def _identity(length: int, dtype: torch.dtype) -> torch.Tensor:
-    """``I_L`` as ``[1, 1, L, L]`` on the CPU, built once per length and dtype, for a kernel
-    behind the process boundary; marked constant with the recipe ``"eye"``
-    (:func:`attnverify.wire.constant`), so that its bytes never cross: the worker builds its own
-    read-only identity (:class:`attnverify.wire.Recipe`). On pages of its own where it can
-    (:func:`attnverify.wire.eye_pages`: only the diagonal's pages are allocated, so the largest,
-    ``L = 4097`` in float64, holds 16 MB, not 134 MB, and several lengths can be kept). Never
-    handed to a kernel in this process, which could write into it. Built outside any torch.func
-    transform the first call may run under (a cached wrapper of ``torch.func.jvp`` would outlive
-    it): a plain tensor, a constant of the transformed function."""
+    """``I_L`` as ``[1, 1, L, L]`` on the CPU, built once per length and dtype while it is kept
+    (:data:`_IDENTITIES`), for a kernel behind the process boundary; marked constant with the
+    recipe ``"eye"`` (:func:`attnverify.wire.constant`), so that its bytes never cross: the
+    worker builds its own read-only identity (:class:`attnverify.wire.Recipe`). On pages of its
+    own where it can (:func:`attnverify.wire.eye_pages`: only the diagonal's pages are
+    allocated, so the largest, ``L = 4097`` in float64, holds 16 MB, not 134 MB). Never handed
+    to a kernel in this process, which could write into it. Built outside any torch.func
+    transform the first call may run under (a cached wrapper of ``torch.func.jvp`` would
+    outlive it): a plain tensor, a constant of the transformed function."""
+    key = (length, dtype)
+    eye = _IDENTITIES.get(key)
+    if eye is not None:
+        return eye
     with torch._C._DisableFuncTorch():  # private, but what torch.func itself uses to do so
-        eye = wire.eye_pages(length, dtype, readonly=False)
-        if eye is None:
-            eye = torch.eye(length, dtype=dtype)
-        return wire.constant(eye[None, None], recipe="eye")
+        base = wire.eye_pages(length, dtype, readonly=False)
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        resident = wire.eye_resident(length, itemsize) if base is not None else \
+            length * length * itemsize
+        if base is None:
+            base = torch.eye(length, dtype=dtype)
+        return _IDENTITIES.put(key, wire.constant(base[None, None], recipe="eye"), resident)
 
 
 def lifted_claims(attention: AttentionSpec) -> tuple[str, ...]:
