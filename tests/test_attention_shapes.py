@@ -314,3 +314,22 @@ def test_flex_canonical_form_on_many_heads_and_wide_groups():
         out = flex.flex(c.q, c.k, c.v, c.attn_mask, c.is_causal, c.scale, c.enable_gqa)
         ref = eager(c.q, c.k, c.v, c.attn_mask, c.is_causal, c.scale, c.enable_gqa)
         assert float((out.double() - ref).abs().max()) < 1e-5 * math.sqrt(c.k.shape[-2]), over
+
+
+@settings(max_examples=300, database=None, deadline=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@hypothesis.given(_strategy(head_dims=(128, 96, 8)))
+def test_no_query_key_or_value_of_a_recipe_exceeds_the_element_budget(r):
+    """Each of ``Q``, ``K``, ``V`` (keys and values at every query head, as the GQA check repeats
+    them) within ``AC.ELEMENTS`` entries, as the scores are within ``AC.BUDGET``."""
+    width = max(r["d"], r["d_v"])
+    assert r["b"] * r["h"] * max(r["l_q"], r["l_k"]) * width <= AC.ELEMENTS, r
+    assert r["b"] * r["h"] * r["l_q"] * r["l_k"] <= AC.BUDGET, r
+
+
+@pytest.mark.parametrize("what, predicate", [
+    ("1024 keys at d = 128", lambda r: r["l_k"] == 1024 and r["d"] == 128),
+    ("64 heads at d = 128", lambda r: r["h"] == 64 and r["d"] == 128),
+])
+def test_the_element_budget_still_reaches_each_largest_size(what, predicate):
+    find(_strategy(head_dims=(128, 8)), predicate, settings=settings(FIND, derandomize=True))

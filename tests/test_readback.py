@@ -478,3 +478,25 @@ def test_reuse_in_the_checkers_process_is_no_write_into_the_input(length):
             assert torch.allclose(out, torch.softmax(x, -1))
     finally:
         remote.shutdown()
+
+
+def test_identities_are_kept_by_the_pages_they_hold():
+    """An identity of 4096 rows holds a page a row in any dtype (16 MiB); the kept ones stay
+    within the budget, the last one used always kept, a use making an identity the newest."""
+    page = __import__("mmap").PAGESIZE
+    assert wire.eye_resident(4096, 8) == wire.eye_resident(4096, 4) == 4096 * page
+    assert wire.eye_resident(4, 8) == page and wire.eye_resident(0, 8) == 0
+    kept = wire.Identities(3 * page)
+    kept.put("a", "A", page)
+    kept.put("b", "B", page)
+    assert kept.get("a") == "A"  # now the newest: "b" goes first
+    kept.put("c", "C", 2 * page)
+    assert kept.get("b") is None and kept.get("a") == "A" and kept.get("c") == "C"
+    kept.put("big", "BIG", 10 * page)  # alone past the budget: kept, everything else dropped
+    assert kept.values() == ["BIG"] and kept.held == 10 * page
+    eye = lift._identity(4096, torch.float32)
+    assert lift._identity(4096, torch.float32) is eye
+    lift._identity(4097, torch.float64)
+    lift._identity(4098, torch.float32)  # a third of 16 MiB: the oldest goes
+    assert lift._IDENTITIES.held <= wire.KEEP_EYES
+    assert lift._IDENTITIES.get((4096, torch.float32)) is None
