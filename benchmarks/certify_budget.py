@@ -63,6 +63,11 @@ SIDE_BY_SIDE = (
     ("attention-sdpa-ci", ["certify", "--attention", "sdpa", "--profile", "ci", "--quiet"], False),
     ("attention-eager-ci", ["certify", "--attention", "{attn}", "--profile", "ci", "--quiet"],
      False),
+    # one checker and one worker (the default forks a job a core): the peak of the pair alone
+    ("attention-sdpa-ci-jobs1", ["certify", "--attention", "sdpa", "--profile", "ci", "--quiet",
+                                 "--jobs", "1"], False),
+    ("attention-eager-ci-jobs1", ["certify", "--attention", "{attn}", "--profile", "ci",
+                                  "--quiet", "--jobs", "1"], False),
     ("falsify-ci", ["falsify", "softmax", "max_weight <= exp(2*a/T)/L", "--profile", "ci"], False),
     ("falsify-jacobian-ci", ["falsify", "softmax", "jacobian_spectral <= 1/(2*T)", "--profile",
                              "ci"], False),
