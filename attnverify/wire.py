@@ -532,8 +532,8 @@ def eye_resident(n: int, itemsize: int) -> int:
 
 
 class Identities:
-    """Identities kept for later use, the most recently used first, while the pages they hold
-    (:func:`eye_resident`) stay within ``budget`` bytes (the last one used is always kept):
+    """Identities kept for later use while the pages they hold (:func:`eye_resident`) stay
+    within ``budget`` bytes, the least recently used dropped first (the last one always kept):
     an identity of 4096 rows holds 16 MiB in any dtype, so a count of them would not bound the
     memory; building one again costs a page fault a row."""
 
@@ -543,10 +543,10 @@ class Identities:
         self.held = 0
 
     def get(self, key):
-        found = self.kept.pop(key, None)
-        if found is not None:
-            self.kept[key] = found
-        return None if found is None else found[0]
+        if key not in self.kept:
+            return None
+        self.kept.move_to_end(key)
+        return self.kept[key][0]
 
     def put(self, key, eye, resident: int):
         old = self.kept.pop(key, None)

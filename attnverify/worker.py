@@ -1018,8 +1018,7 @@ class _Constants:
         if base is None:
             base = wire.eye_pages(recipe.n, dtype, readonly=True)
             if base is not None:
-                self.built.put(key, base, wire.eye_resident(
-                    recipe.n, torch.empty(0, dtype=dtype).element_size()))
+                self.built.put(key, base, wire.eye_resident(recipe.n, base.element_size()))
         if base is None:
             base = torch.eye(recipe.n, dtype=dtype)
         t = torch.as_strided(base, recipe.size, recipe.stride, 0)

@@ -131,11 +131,11 @@ def _identity(length: int, dtype: torch.dtype) -> torch.Tensor:
         return eye
     with torch._C._DisableFuncTorch():  # private, but what torch.func itself uses to do so
         base = wire.eye_pages(length, dtype, readonly=False)
-        itemsize = torch.empty(0, dtype=dtype).element_size()
-        resident = wire.eye_resident(length, itemsize) if base is not None else \
-            length * length * itemsize
         if base is None:
             base = torch.eye(length, dtype=dtype)
+            resident = base.nbytes
+        else:
+            resident = wire.eye_resident(length, base.element_size())
         return _IDENTITIES.put(key, wire.constant(base[None, None], recipe="eye"), resident)
 
 
