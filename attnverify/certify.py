@@ -9,7 +9,6 @@ that raises is a result with status ``error``, never a crash of the suite.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import functools
 import math
@@ -24,7 +23,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnverify import heartbeat, sequence, triton_runtime
+from attnverify import heap, heartbeat, sequence, triton_runtime
 from attnverify.checks import PROPERTIES, Property, Violation, properties_for
 from attnverify.checks.base import (
     Context,
@@ -700,26 +699,12 @@ def refusal_text(what: str) -> str:
 
 
 def trim_heap() -> None:
-    """Give the C heap's free memory back to the system (glibc's ``malloc_trim``; nothing
-    elsewhere). A unit's large cases are freed when it ends, but glibc keeps much of what they
-    used: its threshold for serving a block by a mapping of its own rises to the size of the
-    largest block freed, so later large tensors come from the heap, whose free pages stay
-    counted in the process's memory. Called after every unit, which costs little next to
-    the unit; without it the checker of an attention kernel kept growing over a run."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
-
-
-def _malloc_trim():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-        return None
-
-
-_MALLOC_TRIM = _malloc_trim()
+    """Give the C heap's free memory back to the system (:func:`attnverify.heap.trim`). A
+    unit's large cases are freed when it ends, but the heap keeps what the blocks below the
+    mmap threshold used (:mod:`attnverify.heap`), counted in the process's memory. Called after
+    every unit, which costs little next to the unit; without it the checker of an attention
+    kernel kept growing over a run."""
+    heap.trim()
 
 
 @contextlib.contextmanager

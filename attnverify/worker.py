@@ -60,7 +60,7 @@ import traceback
 import warnings
 from typing import Any
 
-from attnverify import sandbox, settings, triton_runtime, wire
+from attnverify import heap, sandbox, settings, triton_runtime, wire
 from attnverify.errors import TargetImportFailed, UsageError, check_not_shadowed
 from attnverify.registry import load_target
 from attnverify.spec import NormalizerSpec, normalizer_spec
@@ -1421,6 +1421,7 @@ def _prctl(option: int, value: int) -> None:
 def zygote_main(ctrl_fd: int) -> None:
     """``python -m attnverify.worker zygote FD``: serve fork requests on the socket ``FD``."""
     ctrl = socket.socket(fileno=ctrl_fd)
+    heap.cap_mmap()  # for every worker and clone it forks
     hello = wire.receive(ctrl)
     sys.path[:] = [str(p) for p in hello.get("path", sys.path)]
     for name in hello.get("preload", PRELOAD + DEFERRED):
