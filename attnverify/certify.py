@@ -700,10 +700,10 @@ def refusal_text(what: str) -> str:
 
 def trim_heap() -> None:
     """Give the C heap's free memory back to the system (:func:`attnverify.heap.trim`). A
-    unit's large cases are freed when it ends, but the heap keeps what the blocks below the
-    mmap threshold used (:mod:`attnverify.heap`), counted in the process's memory. Called after
-    every unit, which costs little next to the unit; without it the checker of an attention
-    kernel kept growing over a run."""
+    unit's large cases are freed when it ends, but the heap keeps much of what they used
+    (:mod:`attnverify.heap`), counted in the process's memory. Called after every unit, which
+    costs little next to the unit; without it the checker of an attention kernel kept growing
+    over a run."""
     heap.trim()
 
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 
 import attnverify
-from attnverify import heap, settings
+from attnverify import settings
 from attnverify.commands import COMMANDS, triton_mode
 from attnverify.empirical.cli import add_parser as add_empirical
 from attnverify.empirical.cli import run as run_empirical
@@ -186,8 +186,6 @@ def _main(argv: list[str] | None, raise_usage: bool = False) -> int:
         args = parser.parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # certify --jobs runs it again
         args.own_process = argv is None  # the process's own command line (jobs may fork it)
-        if args.own_process:
-            heap.cap_mmap()  # this process is attnverify's own; its jobs fork from it
         if not args.command:
             parser.print_help()
             return EXIT_USAGE

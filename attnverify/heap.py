@@ -1,51 +1,51 @@
-"""glibc's heap in attnverify's own processes: large blocks given back when freed, and free
-memory given back after each unit.
+"""glibc's heap given back to the system while a run goes on.
 
-By default glibc serves a block of 128 KiB or more by a mapping of its own, returned to the
-system on ``free``; but each time such a block is freed it raises that threshold to the block's
-size (up to 32 MiB), so that afterwards blocks of that size come from the heap, whose freed
-pages stay counted in the process. A certification allocates and frees large tensors of every
-size, and the checker and the worker each kept the largest they had seen. :func:`cap_mmap`
-fixes the threshold (which turns the raising off), in the command's own process before it forks
-its jobs and in the workers' zygote before it forks them; never in a process attnverify does
-not own (a user's interpreter that imports the library). :func:`trim` gives back what the heap
-holds free (after every unit). Nothing happens off glibc.
+glibc serves a block of 128 KiB or more by a mapping of its own, returned on ``free``; but each
+time such a block is freed it raises that threshold to the block's size (up to 32 MiB), so that
+afterwards blocks of that size come from the heap. A certification allocates and frees tensors
+of every size, and the freed ones leave holes in the heap, whose pages stay counted in the
+process however little it holds. :func:`trim` gives them back (``malloc_trim``, which releases
+whole free pages anywhere in the heap, not only at its top): after every unit, and in between
+at most every :data:`TRIM_INTERVAL_S` (:func:`trim_due`, at the checker's requests and after
+the worker's answers). Fixing the threshold instead (``mallopt``) kept less, but every large
+tensor then page-faults in fresh: more time for less memory than the trims
+(``docs/attention/cpu-report.md``). Nothing happens off glibc.
 """
 
 from __future__ import annotations
 
 import ctypes
 import sys
-
-#: ``mallopt``'s parameter numbers (glibc's ``malloc.h``).
-_M_MMAP_THRESHOLD = -3
-#: Blocks at least this large get a mapping of their own: below it, the small and medium
-#: tensors of most examples reuse the heap without a page fault.
-MMAP_THRESHOLD = 4 << 20
+import time
 
 
-def _libc():
+def _malloc_trim():
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(None)
-        libc.malloc_trim, libc.mallopt  # noqa: B018 - both present: glibc (musl has neither)
-    except (OSError, AttributeError):
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
         return None
-    return libc
 
 
-_LIBC = _libc()
-
-
-def cap_mmap(threshold: int = MMAP_THRESHOLD) -> bool:
-    """Fix glibc's mmap threshold at ``threshold`` bytes; True when it was set."""
-    if threshold <= 0:
-        return False
-    return _LIBC is not None and bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, threshold))
+_MALLOC_TRIM = _malloc_trim()
+#: At most one :func:`trim_due` trim in this long, in seconds.
+TRIM_INTERVAL_S = 0.2
+_last_trim = [0.0]
 
 
 def trim() -> None:
-    """Give the heap's free memory back to the system (``malloc_trim``)."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
+    """Give the heap's free pages back to the system (``malloc_trim``)."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def trim_due() -> None:
+    """:func:`trim`, where :data:`TRIM_INTERVAL_S` has passed since this process's last one,
+    so that what a unit's examples freed goes back while the unit runs, not only after it; one
+    trim per interval keeps its cost, and the page faults of memory reused after it, small next
+    to the work in between."""
+    now = time.monotonic()
+    if now - _last_trim[0] >= TRIM_INTERVAL_S:
+        _last_trim[0] = now
+        trim()

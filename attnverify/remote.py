@@ -48,7 +48,7 @@ import torch
 from torch.autograd import forward_ad
 
 # jacobian: imported for its side effect of loading torch's forward-mode decompositions quietly
-from attnverify import heartbeat, jacobian, prestart, settings, triton_runtime, wire, worker  # noqa: F401
+from attnverify import heap, heartbeat, jacobian, prestart, settings, triton_runtime, wire, worker  # noqa: F401
 from attnverify.attention import cases as attention_cases
 from attnverify.attention.loader import reference_problem
 from attnverify.attention.spec import FIELDS, AttentionSpec, description_problem, unknown_name
@@ -827,6 +827,7 @@ class Channel:
     def _request_once(self, message: dict, tensors: list, outputs: list,
                       built: bool) -> tuple[dict, list]:
         self.open()
+        heap.trim_due()
         self.monitor.calls += 1
         self.monitor.history.note()
         if not self.isolated:

@@ -1331,6 +1331,7 @@ def serve(sock: socket.socket) -> None:
             wire.send(sock, reply)
         except Exception:  # noqa: BLE001 - the checker is gone, or the answer cannot be sent
             os._exit(0)
+        heap.trim_due()
 
 
 def _is_usage(exc: BaseException) -> bool:
@@ -1421,7 +1422,6 @@ def _prctl(option: int, value: int) -> None:
 def zygote_main(ctrl_fd: int) -> None:
     """``python -m attnverify.worker zygote FD``: serve fork requests on the socket ``FD``."""
     ctrl = socket.socket(fileno=ctrl_fd)
-    heap.cap_mmap()  # for every worker and clone it forks
     hello = wire.receive(ctrl)
     sys.path[:] = [str(p) for p in hello.get("path", sys.path)]
     for name in hello.get("preload", PRELOAD + DEFERRED):
