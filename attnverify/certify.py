@@ -626,7 +626,9 @@ def run_unit(
         return _finish(prop, claimed, "error", state, start,
                        f"the normalizer {exc.reason}{where}", None, spec, ctx)
     finally:
-        trim_heap()
+        # a unit's large cases are freed when it ends, but the heap keeps much of what they
+        # used (attnverify.heap); without this the checker of an attention kernel kept growing
+        heap.trim()
     if monitor is not None and result.status in ("holds", "not_applicable"):
         refused = monitor.refused[mark:]
         if refused:
@@ -696,15 +698,6 @@ def refusal_text(what: str) -> str:
     if what.startswith("the target wrote into its input"):
         return what
     return f"the output was refused at the process boundary: {what}"
-
-
-def trim_heap() -> None:
-    """Give the C heap's free memory back to the system (:func:`attnverify.heap.trim`). A
-    unit's large cases are freed when it ends, but the heap keeps much of what they used
-    (:mod:`attnverify.heap`), counted in the process's memory. Called after every unit, which
-    costs little next to the unit; without it the checker of an attention kernel kept growing
-    over a run."""
-    heap.trim()
 
 
 @contextlib.contextmanager

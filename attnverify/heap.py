@@ -31,7 +31,7 @@ def _malloc_trim():
 _MALLOC_TRIM = _malloc_trim()
 #: At most one :func:`trim_due` trim in this long, in seconds.
 TRIM_INTERVAL_S = 0.2
-_last_trim = [0.0]
+_last_trim = 0.0
 
 
 def trim() -> None:
@@ -45,7 +45,8 @@ def trim_due() -> None:
     so that what a unit's examples freed goes back while the unit runs, not only after it; one
     trim per interval keeps its cost, and the page faults of memory reused after it, small next
     to the work in between."""
+    global _last_trim
     now = time.monotonic()
-    if now - _last_trim[0] >= TRIM_INTERVAL_S:
-        _last_trim[0] = now
+    if now - _last_trim >= TRIM_INTERVAL_S:
+        _last_trim = now
         trim()

@@ -10,11 +10,13 @@ import sys
 import pytest
 
 from attnverify import heap
+from attnverify.cli import main
 
 #: In a fresh interpreter: a block of 2 MiB freed (which raises glibc's mmap threshold, as any
 #: freed tensor does), then 64 blocks of 1 MiB written, each followed by a block of 100 KiB that
 #: stays (so the freed ones are holes in the heap, not its top), the large ones freed; then the
-#: anonymous memory in MiB before and after :func:`attnverify.heap.trim` (``TRIM``: else none).
+#: anonymous memory in MiB before and after :func:`attnverify.heap.trim` (argument ``trim``;
+#: ``none``: no trim).
 _HOLES = """
 import ctypes, sys
 from attnverify import heap
@@ -61,7 +63,7 @@ def test_a_trim_is_due_once_an_interval_has_passed(monkeypatch):
     now, trims = [1000.0], []
     monkeypatch.setattr(heap.time, "monotonic", lambda: now[0])
     monkeypatch.setattr(heap, "trim", lambda: trims.append(now[0]))
-    monkeypatch.setattr(heap, "_last_trim", [0.0])
+    monkeypatch.setattr(heap, "_last_trim", 0.0)
     monkeypatch.setattr(heap, "TRIM_INTERVAL_S", 1.0)
     for step in range(10):  # every quarter of the interval
         now[0] = 1000.0 + 0.25 * step
@@ -70,8 +72,6 @@ def test_a_trim_is_due_once_an_interval_has_passed(monkeypatch):
 
 
 def test_the_checker_trims_while_a_unit_runs(monkeypatch, capsys):
-    from attnverify.cli import main
-
     calls = []
     monkeypatch.setattr(heap, "trim_due", lambda: calls.append(1))
     assert main(["certify", "softmax", "--profile", "dev", "--max-examples", "3", "--claims",
