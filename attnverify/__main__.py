@@ -1,5 +1,3 @@
-import sys
+from attnverify.cli import entry
 
-from attnverify.cli import main
-
-sys.exit(main())
+entry()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from attnverify import report
+from attnverify import heap, report
 from attnverify.certify import example_database, fix_reference, fix_temperature, progress_line
 from attnverify.errors import Interrupted
 from attnverify.isolation import certify_all
@@ -27,6 +27,7 @@ def run_certify(args) -> int:
     # every option checked here, before any work (loading the targets comes next)
     if getattr(args, "own_process", False):  # the command line's process: nothing ran before
         mark_clean()  # before any tensor operation: what --jobs may fork (attnverify.jobs)
+        heap.freeze_imports()  # the modules' objects: no full collection walks them again
     ctx = context_from_args(args)
     report.check_outputs(json=args.json_path, markdown=args.markdown_path)
     params = parse_params(args.params)

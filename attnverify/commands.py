@@ -11,7 +11,7 @@ import contextlib
 import os
 import re
 
-from attnverify import triton_runtime
+from attnverify import heap, triton_runtime
 from attnverify.errors import UsageError
 from attnverify.jobs import check_jobs
 from attnverify.runconfig import (
@@ -297,6 +297,8 @@ def _run_falsify(args) -> int:
         _early_zygote(args, defer="jacobian" not in str(args.inequality).lower())
     from attnverify import falsify, isolation  # dispatch: import torch, Hypothesis
 
+    if getattr(args, "own_process", False):
+        heap.freeze_imports()  # the modules' objects: no full collection walks them again
     return falsify.run_falsify_command(args, isolated=isolation.falsify_in_worker)
 
 

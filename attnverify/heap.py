@@ -10,11 +10,16 @@ at most every :data:`TRIM_INTERVAL_S` (:func:`trim_due`, at the checker's reques
 the worker's answers). Fixing the threshold instead (``mallopt``) kept less, but every large
 tensor then page-faults in fresh: more time for less memory than the trims
 (``docs/attention/cpu-report.md``). Nothing happens off glibc.
+
+Python's own collector is kept off the objects of the modules a command imported
+(:func:`freeze_imports`): its full collections would walk every one of torch's, sympy's and
+Hypothesis's objects again, only to find them alive.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import sys
 import time
 
@@ -50,3 +55,12 @@ def trim_due() -> None:
     if now - _last_trim >= TRIM_INTERVAL_S:
         _last_trim = now
         trim()
+
+
+def freeze_imports() -> None:
+    """Move every object alive now out of reach of Python's collector (``gc.freeze``): called
+    once by a command in a process of its own when its imports are done and before its run, so
+    that the run's full collections walk what the run made, not the modules (cyclic garbage
+    among the objects frozen is never collected; a module's objects make little). A forked job
+    or worker inherits the frozen objects, as it does those frozen before its fork."""
+    gc.freeze()

@@ -1,15 +1,21 @@
 """glibc's heap given back while a run goes on (:mod:`attnverify.heap`, issue #27): the holes
 freed tensors leave in the middle of the heap go back at a trim, and a trim is due at most once
-an interval."""
+an interval; and Python's collector kept off the objects of the modules a command imported,
+during its run and at its exit (:func:`attnverify.heap.freeze_imports`,
+:func:`attnverify.cli.entry`)."""
 
 from __future__ import annotations
 
+import gc
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import tomllib
 
-from attnverify import heap
+from attnverify import cli, heap
 from attnverify.cli import main
 
 #: In a fresh interpreter: a block of 2 MiB freed (which raises glibc's mmap threshold, as any
@@ -78,3 +84,47 @@ def test_the_checker_trims_while_a_unit_runs(monkeypatch, capsys):
                  "", "--quiet", "--jobs", "1", "--dtypes", "float64"]) == 0
     capsys.readouterr()
     assert len(calls) >= 3  # at its requests, not only after the unit
+
+
+def test_the_command_freezes_what_is_alive_before_the_interpreter_exits(monkeypatch):
+    order = []
+    monkeypatch.setattr(cli, "main", lambda: order.append("main") or 3)
+    monkeypatch.setattr(cli.gc, "freeze", lambda: order.append("freeze"))
+    with pytest.raises(SystemExit) as ended:
+        cli.entry()
+    assert ended.value.code == 3 and order == ["main", "freeze"]
+
+
+def test_the_installed_command_and_python_m_are_the_entry_that_freezes():
+    root = Path(__file__).resolve().parents[1]
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["attnverify"] == "attnverify.cli:entry"
+    assert "entry()" in (root / "attnverify" / "__main__.py").read_text()
+
+
+#: In a fresh interpreter: a command on the process's own command line (``main()``, as the
+#: installed command calls it) stopped by a usage error found after its imports (an output in a
+#: folder that does not exist), then how many objects Python's collector no longer walks.
+_OWN_RUN = """
+import gc, sys
+from attnverify.cli import main
+sys.argv = ["attnverify", *sys.argv[1:]]
+code = main()
+print(code, gc.get_freeze_count())
+"""
+
+
+@pytest.mark.parametrize("command", [
+    ["certify", "softmax", "--profile", "dev", "--jobs", "1"],
+    ["certify", "--attention", "sdpa", "--profile", "dev", "--jobs", "1"],
+    ["falsify", "softmax", "max_weight <= 1", "--profile", "dev"],
+], ids=["certify", "attention", "falsify"])
+def test_a_command_in_its_own_process_freezes_its_imports_before_its_run(command, tmp_path):
+    out = str(tmp_path / "missing" / "out.json")
+    env = {**os.environ, "ATTNVERIFY_JOBS": "1"}
+    done = subprocess.run([sys.executable, "-c", _OWN_RUN, *command, "--json", out],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    code, frozen = map(int, done.stdout.split()[-2:])
+    assert code == 2 and "attnverify: error:" in done.stderr, done.stderr[-400:]
+    assert frozen > 10_000, frozen  # torch's, Hypothesis's objects: not walked by the run
+    assert gc.get_freeze_count() == 0  # a command run in-process (tests) freezes nothing

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from attnverify import remote, report
+from attnverify import heap, remote, report
 from attnverify.attention.loader import load_attention
 from attnverify.attention.run import (
     certify_attention,
@@ -36,6 +36,7 @@ def split(text: str | None) -> list[str]:
 def run_certify(args) -> int:
     if getattr(args, "own_process", False):  # the command line's process: nothing ran before
         mark_clean()  # before any tensor operation: what --jobs may fork (attnverify.jobs)
+        heap.freeze_imports()  # the modules' objects: no full collection walks them again
     targets = split(args.attention) + list(args.targets or [])
     if not targets:
         raise UsageError("--attention needs at least one target (see 'attnverify list')")
