@@ -211,7 +211,12 @@ def _early_zygote(args, defer: bool = False) -> None:
 
 
 def _run_certify(args) -> int:
-    _early_zygote(args)  # with --jobs, each job's zygote is a clone of it (attnverify.jobs)
+    # with --jobs, each job's zygote is a clone of it. One normalizer: torch._dynamo deferred
+    # (each process forks one worker, whose target may never import it: a backward pass does
+    # not, nor softmax's forward mode), so the zygote is ready when this process is; several
+    # targets, or attention kernels (whose forward mode through torch's decompositions imports
+    # it), have it imported once in the zygote instead of once in every worker
+    _early_zygote(args, defer=args.attention is None and len(args.targets or ()) == 1)
     if getattr(args, "attention", None) is not None:
         if args.database is not None:
             raise UsageError("--database applies to normalizer certification, not --attention")

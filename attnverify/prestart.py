@@ -30,8 +30,9 @@ def spawn(defer: bool = False) -> tuple[subprocess.Popen, socket.socket]:
     checker's end of its channel; its hello (the import path, what to preload) already sent, so
     it is importing torch when this returns. The caller reads its answer. ``defer``: the
     zygote answers before it imports :data:`attnverify.worker.DEFERRED` (``torch._dynamo``),
-    which it imports before its second worker (a command whose one worker has no use for it:
-    ``falsify``); else it imports them first, as every worker's start needs."""
+    which it (or a clone of it) imports before its second worker (a command whose one worker a
+    process may have no use for it: ``falsify``, ``certify`` of one normalizer); else it
+    imports them first, for every worker."""
     from attnverify.worker import DEFERRED, PRELOAD  # torch-free: the names the zygote imports
 
     parent, child = socket.socketpair()

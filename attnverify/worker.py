@@ -1394,13 +1394,17 @@ def _return_inputs(arena, slots, tensors) -> None:
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 #: Imported by the zygote before it answers its checker, so that every worker starts with them
-#: loaded (the forward-mode decompositions too: the first ``jvp`` of every target imports them).
+#: loaded (the forward-mode decompositions too: the first ``jvp`` of every target imports them;
+#: and ``torch.fx.experimental.symbolic_shapes``, with sympy, which its first backward pass with
+#: a cotangent imports).
 PRELOAD = ("torch", "torch.func", "attnverify.registry", "attnverify.normalizers",
-           "attnverify.attention.loader", "torch._decomp.decompositions_for_jvp")
+           "attnverify.attention.loader", "torch._decomp.decompositions_for_jvp",
+           "torch.fx.experimental.symbolic_shapes")
 #: Imported by the zygote with :data:`PRELOAD`, or, where its hello defers them
-#: (:func:`attnverify.prestart.spawn`: ``falsify``, one worker a search), after its first worker
-#: and before it forks any other or a clone (so that they, and a clone's workers, start with
-#: them loaded): ``torch._dynamo``, about as long to import as torch, which forward mode through
+#: (:func:`attnverify.prestart.spawn`: ``falsify``, one worker a search; ``certify`` of one
+#: normalizer, one worker a process), before it forks its second worker (so that it and any
+#: later one start with them loaded); a clone forked before then defers them the same way:
+#: ``torch._dynamo``, about as long to import as torch, which forward mode through
 #: some of torch's decompositions imports (``torch._compile``'s disable wrapper: ``ssmax``'s
 #: ``jvp``, say), ``torch.compile`` and FlexAttention too. A deferred first worker starts as soon
 #: as the checker asks, and imports it itself only where its target's code needs it. Never
@@ -1440,7 +1444,8 @@ def _serve_forks(ctrl: socket.socket, deferred: list[str] | None = None,
                  owns_run: bool = False) -> None:
     """The zygote's loop: answer the requests of the checker at the other end of ``ctrl`` (its
     hello's answer first) until it closes or asks the zygote to exit; the ``deferred`` modules
-    (:data:`DEFERRED`) imported before any fork but the first. ``owns_run`` (the zygote its
+    (:data:`DEFERRED`) imported before any fork of a worker but the first (a clone inherits
+    those still pending). ``owns_run`` (the zygote its
     checker started, not a clone): when it ends, every worker and clone killed, it removes the
     run's directory its fork requests name too (:func:`_drop_run_dir`), so that nothing is
     left in the temporary directory when the checker ended without removing it (killed, or a
@@ -1464,8 +1469,8 @@ def _serve_forks(ctrl: socket.socket, deferred: list[str] | None = None,
             _drop_run_dir(run_dir)
             os._exit(0)
         op = message.get("op")
-        if pending and (op == "clone" or (op == "fork" and workers)):
-            for name in pending:  # a second worker, or a clone and its workers: all loaded
+        if pending and op == "fork" and workers:
+            for name in pending:  # a second worker: all loaded (a clone takes them pending)
                 _preload(name)
             pending = []
         if op == "fork" and len(fds) == 1:
@@ -1490,7 +1495,7 @@ def _serve_forks(ctrl: socket.socket, deferred: list[str] | None = None,
             gc.freeze()
             pid = os.fork()
             if pid == 0:
-                _become_clone(ctrl, fds[0])
+                _become_clone(ctrl, fds[0], pending)
             os.close(fds[0])
             workers[pid] = None
             wire.send(ctrl, {"ok": True, "pid": pid})
@@ -1523,14 +1528,14 @@ def _serve_forks(ctrl: socket.socket, deferred: list[str] | None = None,
             wire.send(ctrl, {"ok": False})
 
 
-def _become_clone(ctrl: socket.socket, fd: int) -> None:
+def _become_clone(ctrl: socket.socket, fd: int, deferred: list[str]) -> None:
     """In the forked child of ``clone``: a zygote of its own on ``fd``, no worker of its
     parent's (the parent's channel closed, its workers left to it); it exits, like its
     parent, when its checker's end closes or asks it to."""
     try:
         ctrl.close()
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the parent zygote gone: so is this one
-        _serve_forks(socket.socket(fileno=fd))
+        _serve_forks(socket.socket(fileno=fd), deferred)
     finally:
         os._exit(0)
 

@@ -306,6 +306,51 @@ def test_a_deferring_zygote_imports_torch_dynamo_before_its_second_worker_only(m
         plain.close()
 
 
+def test_a_clone_of_a_deferring_zygote_defers_torch_dynamo_to_its_own_second_worker(monkeypatch):
+    """``certify`` of one normalizer on jobs: the deferring zygote's clone, forked before any
+    second worker, starts without ``torch._dynamo`` and forks its first worker so, then imports
+    it before its second worker; the zygote itself never imports it for its clones."""
+    pytest.importorskip("triton", reason="the import is seen by the Triton library it loads")
+    from attnverify import prestart
+
+    deferring = remote.Zygote()
+    monkeypatch.setattr(prestart, "take", lambda: prestart.spawn(defer=True))
+    deferring.start()
+    clone = remote.Zygote()
+    try:
+        pid, sock = deferring.clone()
+        clone.adopt(pid, sock)
+        assert not _loaded_triton(pid) and not _loaded_triton(deferring.pid)
+        first, channel1, _ = clone.fork(memory_limit=False)
+        assert not _loaded_triton(pid) and not _loaded_triton(first)
+        second, channel2, _ = clone.fork(memory_limit=False)
+        assert _loaded_triton(pid) and not _loaded_triton(deferring.pid)
+        for worker, channel in ((first, channel1), (second, channel2)):
+            clone.kill(worker)
+            channel.close()
+    finally:
+        clone.close()
+        deferring.close()
+
+
+@pytest.mark.parametrize(("argv", "defers"), [
+    (["certify", "softmax"], True),
+    (["certify", "softmax", "sparsemax"], False),
+    (["certify"], False),  # the built-ins
+    (["certify", "--attention", "sdpa"], False),  # forward mode through decompositions
+])
+def test_certify_defers_torch_dynamo_for_one_normalizer(monkeypatch, argv, defers):
+    from attnverify import certify_command, commands
+    from attnverify.attention import command as attention_command
+
+    seen = []
+    monkeypatch.setattr(commands, "_early_zygote", lambda args, defer=False: seen.append(defer))
+    monkeypatch.setattr(certify_command, "run_certify", lambda args: 0)
+    monkeypatch.setattr(attention_command, "run_certify", lambda args: 0)
+    assert main(argv) == 0
+    assert seen == [defers]
+
+
 @pytest.mark.parametrize(("inequality", "workers", "defers"), [
     ("max_weight <= exp(2*a/T)/L", 1, True),
     ("jacobian_spectral <= 1/(2*T)", 1, False),  # its forward mode may import torch._dynamo
