@@ -16,6 +16,7 @@ from attnverify import heap, report
 from attnverify.certify import example_database, fix_reference, fix_temperature, progress_line
 from attnverify.errors import Interrupted
 from attnverify.isolation import certify_all
+from attnverify.jacobian import forward_mode
 from attnverify.jobs import certify_on_jobs, mark_clean
 from attnverify.registry import builtin_ids, parse_params
 from attnverify.runconfig import context_from_args
@@ -41,6 +42,9 @@ def run_certify(args) -> int:
     xfails = load_xfails(args.xfails) if args.xfails else None
     shard = check_shard(args, ctx)
     targets = args.targets or builtin_ids()
+    # the universal gradient check takes forward-mode products: torch's decompositions for
+    # them loaded here, once, not once in each job that --jobs forks
+    forward_mode()
     code = certify_on_jobs(args, targets, ctx, xfails)  # the units on several processes
     if code is not None:
         return code
