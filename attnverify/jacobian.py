@@ -42,6 +42,19 @@ def forward_mode() -> None:
                                 category=DeprecationWarning)
         import torch._decomp.decompositions_for_jvp  # noqa: F401 - side effect: registers them
 
+
+def vjp(out: Tensor, wrt, cotangent: Tensor, **kwargs):
+    """``torch.autograd.grad(out, wrt, cotangent, **kwargs)``, taken as the gradient of the
+    scalar ``⟨out, cotangent⟩``: the same values (the backward of the sum is ones, that of the
+    product ``1·cotangent``, both exact), without ``torch.autograd.grad``'s check of a tensor
+    cotangent, which imports ``torch.fx.experimental.symbolic_shapes`` and sympy on first use:
+    tenths of a second of a command's start, and tens of MiB, in every checker process. The
+    shapes are compared here instead (a cotangent is never broadcast)."""
+    if tuple(cotangent.shape) != tuple(out.shape):
+        raise RuntimeError(f"Mismatch in shape: a cotangent of shape {tuple(cotangent.shape)} "
+                           f"for an output of shape {tuple(out.shape)}")
+    return torch.autograd.grad((out * cotangent).sum(), wrt, **kwargs)
+
 RowMap = Callable[[Tensor], Tensor]
 
 #: Elements of the Krylov bases (``[rows, steps, L]``, twice) held at once by :func:`spectral_norm`.
@@ -113,7 +126,7 @@ class Linearization:
                     return torch.zeros_like(v)
                 # g must depend on the seed: a backward that is not recorded (or is
                 # once_differentiable) has no path from seed to g, or raises here
-                return torch.autograd.grad(g, seed, v, retain_graph=True)[0]
+                return vjp(g, seed, v, retain_graph=True)[0]
             except RuntimeError:
                 pass
             self.mode = "reverse_rows"
@@ -211,7 +224,7 @@ def _grad(out: Tensor, wrt: Tensor, cotangent: Tensor, *, create_graph: bool = F
     """``∂⟨out, cotangent⟩/∂wrt``; zeros when ``out`` does not depend on ``wrt``."""
     if not out.requires_grad:
         return torch.zeros_like(wrt)
-    (g,) = torch.autograd.grad(
+    (g,) = vjp(
         out,
         wrt,
         cotangent,

@@ -252,7 +252,6 @@ def _forked_jobs(commands: list[list[str]], tmp: str,
     could not be cloned (the caller spawns the jobs instead)."""
     from attnverify import remote  # dispatch: imports torch, which a run with jobs has already
 
-    remote.warm_up()  # what each job's first backward pass would import: imported once, here
     sys.stdout.flush()
     sys.stderr.flush()
     pids: list[int] = []

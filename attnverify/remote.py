@@ -145,8 +145,6 @@ class Zygote:
         except OSError:
             self.root = ""  # each worker's directory is then made in the temporary directory
         self.root_owner = os.getpid()
-        if not select.select([parent], [], [], 0)[0]:  # the zygote still imports torch
-            warm_up()
         try:
             reply = _receive(parent, time.monotonic() + ZYGOTE_START_S)
         except (OSError, EOFError, wire.ProtocolError, TimeoutError) as exc:
@@ -306,14 +304,6 @@ class _Foreign:
             os.kill(self.pid, 9)
         except OSError:
             pass
-
-
-def warm_up() -> None:
-    """Import what this process imports anyway at its first backward pass: ``torch.autograd.grad``
-    with a cotangent imports ``torch.fx.experimental.symbolic_shapes`` (and sympy) on first use.
-    Called while the zygote still imports torch on the other core, and before the jobs of
-    ``certify --jobs`` are forked (once here, not once in each)."""
-    import torch.fx.experimental.symbolic_shapes  # noqa: F401 - side effect: see above
 
 
 _ZYGOTE = Zygote()

@@ -594,3 +594,41 @@ def test_dense_lanczos_on_a_rank_one_jacobian_with_rounding_noise(length):
     assert float(result.value) <= 0.5 * (1 + 1e-15)
     close(result.value, [0.5], "two-level row")
     assert bool(result.converged)
+
+
+def test_vjp_is_autograd_grad_bit_for_bit_and_never_broadcasts():
+    """:func:`attnverify.jacobian.vjp` takes ``⟨out, cotangent⟩``'s gradient: the same bits as
+    ``torch.autograd.grad(out, wrt, cotangent)``, a float32 output with a float64 cotangent
+    included, extreme entries too; a cotangent of another shape is an error, not broadcast."""
+    g = torch.Generator().manual_seed(3)
+    for dtype, cot_dtype in ((torch.float64, torch.float64), (torch.float32, torch.float64),
+                             (torch.float32, torch.float32)):
+        z = (torch.randn(4, 9, generator=g, dtype=F64) * 30).to(dtype).requires_grad_(True)
+        out = torch.softmax(z * 1e3, -1) * torch.tanh(z)
+        cot = torch.randn(4, 9, generator=g, dtype=F64).to(cot_dtype)
+        cot[0, :3] = torch.tensor([1e300 if cot_dtype == F64 else 1e30, -0.0, 5e-324
+                                   if cot_dtype == F64 else 1e-45])
+        (want,) = torch.autograd.grad(out, z, cot.to(dtype), retain_graph=True)
+        (got,) = jacobian.vjp(out, z, cot.to(dtype), retain_graph=True)
+        assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want)), dtype
+        assert torch.equal(got.isnan(), want.isnan())
+    with pytest.raises(RuntimeError, match="Mismatch in shape"):
+        jacobian.vjp(out, z, torch.ones(9, dtype=out.dtype))
+
+
+def test_the_checker_never_imports_sympy():
+    """No backward pass of the checker's goes through ``torch.autograd.grad``'s tensor-cotangent
+    path, which imports ``torch.fx.experimental.symbolic_shapes`` and sympy (start-up time and
+    memory of every command): a certification of a normalizer on one process, in a fresh
+    interpreter, ends without either (the worker, a process of its own, has them)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from attnverify.cli import main; "
+            "code = main(['certify', 'softmax', 'ssmax', '--profile', 'dev', '--max-examples', "
+            "'4', '--quiet', '--jobs', '1']); "
+            "print(code, 'torch.fx.experimental.symbolic_shapes' in sys.modules, "
+            "'sympy' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.stdout.split()[-3:] == ["0", "False", "False"], done.stderr[-600:]

@@ -96,7 +96,7 @@ from attnverify.checks.reference import (
     reference_vjps,
 )
 from attnverify.coverage import note_judged
-from attnverify.jacobian import forward_mode
+from attnverify.jacobian import forward_mode, vjp
 
 F64 = torch.float64
 F32 = torch.float32
@@ -393,8 +393,7 @@ def _directions(z: Tensor, seed: int, count: int, dtype=F64, *, every=()) -> lis
 
 
 def _grad(out: Tensor, wrt: Tensor, cotangent: Tensor, **kw) -> Tensor:
-    (g,) = torch.autograd.grad(out, wrt, cotangent, allow_unused=True, materialize_grads=True,
-                               **kw)
+    (g,) = vjp(out, wrt, cotangent, allow_unused=True, materialize_grads=True, **kw)
     return g
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from attnverify.checks.base import NormalizerError, Violation, call, call_many, call_many_vjp
+from attnverify.jacobian import vjp
 from attnverify.strategies.layouts import (
     ANY,
     Layout,
@@ -137,7 +138,7 @@ def case_vjps_many(spec, case, rows_list: list, cotangent: torch.Tensor, *,
             probe = torch.zeros(lay.sizes, dtype=rows.dtype, device=rows.device,
                                 requires_grad=True)
             y = collect(probe, lay, copies=copies)
-            (c,) = torch.autograd.grad(y, probe, cotangent.to(y.dtype))
+            (c,) = vjp(y, probe, cotangent.to(y.dtype))
             cotangents.append(c)
     answers = _by_dim(fitted, rows_list, lambda picks, dim: call_many_vjp(
         spec, [xs[i].detach() for i in picks], [cotangents[i] for i in picks],
@@ -145,7 +146,7 @@ def case_vjps_many(spec, case, rows_list: list, cotangent: torch.Tensor, *,
     out = []
     for rows, x, lay, (output, grad, graph) in zip(rows_list, xs, fitted, answers):
         with torch.enable_grad():
-            (g,) = torch.autograd.grad(x, rows, grad.to(x.dtype))
+            (g,) = vjp(x, rows, grad.to(x.dtype))
         out.append((read(output, lay, copies=copies), g, graph))
     return out
 

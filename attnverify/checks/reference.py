@@ -42,6 +42,7 @@ from attnverify.checks.base import (
     rounded_scalings,
 )
 from attnverify.checks.layout import case_weights
+from attnverify.jacobian import vjp
 from attnverify.normalizers import reference as formulas
 from attnverify.normalizers.reference import REFERENCES, from_kernel
 from attnverify.registry import load_target
@@ -227,7 +228,7 @@ def reference_vjps(spec: NormalizerSpec, ref: NormalizerSpec, xs: list, cotangen
         if not graph:
             raise ReferenceFailure("the reference carries no autograd graph")
         with torch.enable_grad():
-            (grad,) = torch.autograd.grad(z, r, g.to(z.dtype))
+            (grad,) = vjp(z, r, g.to(z.dtype))
         out.append((y.to(device="cpu", dtype=F64), grad))
     return out
 

@@ -41,7 +41,7 @@ from attnverify.checks.reference import (
     reference_spec,
 )
 from attnverify.coverage import note_shifts
-from attnverify.jacobian import forward_mode
+from attnverify.jacobian import forward_mode, vjp
 from attnverify.strategies import domain
 from attnverify.strategies.layouts import collect, plain, present
 from attnverify.tolerances import tol_for
@@ -681,7 +681,7 @@ def verify_no_side_effects(spec, case, ctx) -> float:
             try:
                 out = _out(spec, case, z)
                 if out.requires_grad:
-                    torch.autograd.grad(out, z, torch.ones_like(out), allow_unused=True)
+                    vjp(out, z, torch.ones_like(out), allow_unused=True)
             except Exception:  # noqa: BLE001 - no float64 or no backward: forward only
                 pass
         try:
