@@ -200,14 +200,14 @@ def _add_attention_options(p: argparse.ArgumentParser) -> None:
                        "attention target")
 
 
-def _early_zygote(args, defer: bool = False) -> None:
+def _early_zygote(args, defer: bool = False, backward: bool = True) -> None:
     """Start the worker processes' zygote now, before this process imports torch, so that the
-    two imports overlap (:mod:`attnverify.prestart`; ``defer``: as its ``spawn``'s); not for a
-    run in this process."""
+    two imports overlap (:mod:`attnverify.prestart`; ``defer``, ``backward``: as its
+    ``spawn``'s); not for a run in this process."""
     from attnverify import prestart  # dispatch: on a run only (wire, its arena), not --help
 
     if not getattr(args, "no_isolation", False) and isolation_default():
-        prestart.early(defer)
+        prestart.early(defer, backward)
 
 
 def _run_certify(args) -> int:
@@ -299,7 +299,9 @@ def _run_falsify(args) -> int:
         # one search, one worker: torch._dynamo deferred unless the inequality has a Jacobian,
         # whose forward mode through torch's decompositions imports it (softmax's, say): then
         # the zygote's import overlaps this process's instead of holding up the first request
-        _early_zygote(args, defer="jacobian" not in str(args.inequality).lower())
+        # (and a backward pass, which imports sympy)
+        jacobian = "jacobian" in str(args.inequality).lower()
+        _early_zygote(args, defer=not jacobian, backward=jacobian)
     from attnverify import falsify, isolation  # dispatch: import torch, Hypothesis
 
     if getattr(args, "own_process", False):

@@ -25,15 +25,17 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _EARLY: list = []
 
 
-def spawn(defer: bool = False) -> tuple[subprocess.Popen, socket.socket]:
+def spawn(defer: bool = False, backward: bool = True) -> tuple[subprocess.Popen, socket.socket]:
     """A new zygote process (``python -c … zygote FD``, in a session of its own) and the
     checker's end of its channel; its hello (the import path, what to preload) already sent, so
     it is importing torch when this returns. The caller reads its answer. ``defer``: the
     zygote answers before it imports :data:`attnverify.worker.DEFERRED` (``torch._dynamo``),
     which it (or a clone of it) imports before its second worker (a command whose one worker a
     process may have no use for it: ``falsify``, ``certify`` of one normalizer); else it
-    imports them first, for every worker."""
-    from attnverify.worker import DEFERRED, PRELOAD  # torch-free: the names the zygote imports
+    imports them first, for every worker. ``backward``: :data:`attnverify.worker.BACKWARD` is
+    imported first too, else deferred likewise (a worker that takes no backward pass)."""
+    # torch-free: the names the zygote imports
+    from attnverify.worker import BACKWARD, DEFERRED, PRELOAD
 
     parent, child = socket.socketpair()
     env = dict(os.environ)
@@ -57,21 +59,23 @@ def spawn(defer: bool = False) -> tuple[subprocess.Popen, socket.socket]:
     child.close()
     try:
         wire.send(parent, {"path": [str(p) for p in sys.path],
-                           "preload": list(PRELOAD) + ([] if defer else list(DEFERRED)),
-                           "deferred": list(DEFERRED) if defer else []})
+                           "preload": [*PRELOAD, *(BACKWARD if backward else ()),
+                                       *(() if defer else DEFERRED)],
+                           "deferred": [*(DEFERRED if defer else ()),
+                                        *(() if backward else BACKWARD)]})
     except OSError:
         pass  # the caller's read of the answer says what happened
     return proc, parent
 
 
-def early(defer: bool = False) -> None:
+def early(defer: bool = False, backward: bool = True) -> None:
     """Start the zygote now unless one is running or waiting in this process already
-    (``defer``: as :func:`spawn`'s)."""
+    (``defer``, ``backward``: as :func:`spawn`'s)."""
     remote = sys.modules.get("attnverify.remote")
     if _EARLY or (remote is not None and remote.zygote().alive()):
         return
     try:
-        proc, sock = spawn(defer)
+        proc, sock = spawn(defer, backward)
     except OSError:
         return  # started later, where its failure is reported
     _EARLY.append((proc, sock, os.getpid()))

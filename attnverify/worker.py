@@ -1394,12 +1394,14 @@ def _return_inputs(arena, slots, tensors) -> None:
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 #: Imported by the zygote before it answers its checker, so that every worker starts with them
-#: loaded (the forward-mode decompositions too: the first ``jvp`` of every target imports them;
-#: and ``torch.fx.experimental.symbolic_shapes``, with sympy, which its first backward pass with
-#: a cotangent imports).
+#: loaded (the forward-mode decompositions too: the first ``jvp`` of every target imports them).
 PRELOAD = ("torch", "torch.func", "attnverify.registry", "attnverify.normalizers",
-           "attnverify.attention.loader", "torch._decomp.decompositions_for_jvp",
-           "torch.fx.experimental.symbolic_shapes")
+           "attnverify.attention.loader", "torch._decomp.decompositions_for_jvp")
+#: Imported with :data:`PRELOAD` where the workers will take backward passes (every command
+#: but ``falsify`` of an inequality without a Jacobian, which defers it as it defers
+#: :data:`DEFERRED`): ``torch.autograd.grad`` with a cotangent imports it, with sympy, on first
+#: use.
+BACKWARD = ("torch.fx.experimental.symbolic_shapes",)
 #: Imported by the zygote with :data:`PRELOAD`, or, where its hello defers them
 #: (:func:`attnverify.prestart.spawn`: ``falsify``, one worker a search; ``certify`` of one
 #: normalizer, one worker a process), before it forks its second worker (so that it and any
@@ -1428,7 +1430,7 @@ def zygote_main(ctrl_fd: int) -> None:
     ctrl = socket.socket(fileno=ctrl_fd)
     hello = wire.receive(ctrl)
     sys.path[:] = [str(p) for p in hello.get("path", sys.path)]
-    for name in hello.get("preload", PRELOAD + DEFERRED):
+    for name in hello.get("preload", PRELOAD + BACKWARD + DEFERRED):
         _preload(name)
     _serve_forks(ctrl, [str(name) for name in hello.get("deferred", ())], owns_run=True)
 

@@ -344,11 +344,12 @@ def test_certify_defers_torch_dynamo_for_one_normalizer(monkeypatch, argv, defer
     from attnverify.attention import command as attention_command
 
     seen = []
-    monkeypatch.setattr(commands, "_early_zygote", lambda args, defer=False: seen.append(defer))
+    monkeypatch.setattr(commands, "_early_zygote",
+                        lambda args, defer=False, backward=True: seen.append((defer, backward)))
     monkeypatch.setattr(certify_command, "run_certify", lambda args: 0)
     monkeypatch.setattr(attention_command, "run_certify", lambda args: 0)
     assert main(argv) == 0
-    assert seen == [defers]
+    assert seen == [(defers, True)]  # its workers' backward passes: sympy preloaded
 
 
 @pytest.mark.parametrize(("inequality", "workers", "defers"), [
@@ -362,10 +363,12 @@ def test_falsify_defers_torch_dynamo_for_a_bound_without_a_jacobian(monkeypatch,
     from attnverify import commands, falsify
 
     seen = []
-    monkeypatch.setattr(commands, "_early_zygote", lambda args, defer=False: seen.append(defer))
+    monkeypatch.setattr(commands, "_early_zygote",
+                        lambda args, defer=False, backward=True: seen.append((defer, backward)))
     monkeypatch.setattr(falsify, "run_falsify_command", lambda args, isolated: 0)
     assert main(["falsify", "softmax", inequality, "--workers", str(workers)]) == 0
-    assert seen == ([] if defers is None else [defers])
+    # a bound without a Jacobian takes no backward pass either: sympy deferred with torch._dynamo
+    assert seen == ([] if defers is None else [(defers, not defers)])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals, /proc")
