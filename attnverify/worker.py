@@ -1456,6 +1456,7 @@ def _serve_forks(ctrl: socket.socket, deferred: list[str] | None = None,
     workers: dict[int, int | None] = {}
     scratches.clear()  # a clone's: its parent's directories stay its parent's
     pending = list(deferred or ())
+    forked = 0  # workers forked (a clone is not one)
     run_dir = ""
     wire.send(ctrl, {"ok": True, "pid": os.getpid()})
 
@@ -1471,7 +1472,7 @@ def _serve_forks(ctrl: socket.socket, deferred: list[str] | None = None,
             _drop_run_dir(run_dir)
             os._exit(0)
         op = message.get("op")
-        if pending and op == "fork" and workers:
+        if pending and op == "fork" and forked:
             for name in pending:  # a second worker: all loaded (a clone takes them pending)
                 _preload(name)
             pending = []
@@ -1488,6 +1489,7 @@ def _serve_forks(ctrl: socket.socket, deferred: list[str] | None = None,
             os.close(status_w)
             os.close(fds[0])
             workers[pid] = None
+            forked += 1
             scratches[pid] = scratch
             sandbox = _read_status(status_r)
             wire.send(ctrl, {"ok": True, "pid": pid, "sandbox": sandbox})
