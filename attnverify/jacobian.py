@@ -55,6 +55,7 @@ def vjp(out: Tensor, wrt, cotangent: Tensor, **kwargs):
                            f"for an output of shape {tuple(out.shape)}")
     return torch.autograd.grad((out * cotangent).sum(), wrt, **kwargs)
 
+
 RowMap = Callable[[Tensor], Tensor]
 
 #: Elements of the Krylov bases (``[rows, steps, L]``, twice) held at once by :func:`spectral_norm`.
