@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -621,9 +623,6 @@ def test_the_checker_never_imports_sympy():
     path, which imports ``torch.fx.experimental.symbolic_shapes`` and sympy (start-up time and
     memory of every command): a certification of a normalizer on one process, in a fresh
     interpreter, ends without either (the worker, a process of its own, has them)."""
-    import subprocess
-    import sys
-
     code = ("import sys; from attnverify.cli import main; "
             "code = main(['certify', 'softmax', 'ssmax', '--profile', 'dev', '--max-examples', "
             "'4', '--quiet', '--jobs', '1']); "
