@@ -50,7 +50,7 @@ def vjp(out: Tensor, wrt, cotangent: Tensor, **kwargs):
     cotangent, which imports ``torch.fx.experimental.symbolic_shapes`` and sympy on first use:
     tenths of a second of a command's start, and tens of MiB, in every checker process. The
     shapes are compared here instead (a cotangent is never broadcast)."""
-    if tuple(cotangent.shape) != tuple(out.shape):
+    if cotangent.shape != out.shape:
         raise RuntimeError(f"Mismatch in shape: a cotangent of shape {tuple(cotangent.shape)} "
                            f"for an output of shape {tuple(out.shape)}")
     return torch.autograd.grad((out * cotangent).sum(), wrt, **kwargs)
