@@ -56,6 +56,10 @@ from pathlib import Path
 SIDE_BY_SIDE = (
     ("builtins-ci", ["certify", "--profile", "ci", "--quiet"], False),
     ("builtins-ci-jobs1", ["certify", "--profile", "ci", "--quiet", "--jobs", "1"], True),
+    # the same checks with every target in the checker's process, one job: what the checks
+    # cost without the boundary (the ratio with 7e72048 splits into the checks' growth, this
+    # run against the base, and the boundary's cost, builtins-ci-jobs1 against this run)
+    ("builtins-ci-noiso", ["certify", "--profile", "ci", "--quiet", "--no-isolation"], True),
     ("file-fn-dev", ["certify", "{fn}", "--profile", "dev", "--quiet"], False),
     ("file-fn-ci", ["certify", "{fn}", "--profile", "ci", "--quiet"], False),
     ("failing-fn-ci", ["certify", "{bad}", "--profile", "ci", "--quiet"], False),
