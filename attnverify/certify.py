@@ -56,6 +56,7 @@ from attnverify.runconfig import (  # noqa: F401 - re-exported: the run configur
     make_context,
     parse_dtypes,
     seeded_generation,
+    unseeded_globals,
 )
 from attnverify.serialize import encode_case, jsonable, number, repro_command  # noqa: F401
 from attnverify.shard import dtype_name
@@ -607,7 +608,7 @@ def run_unit(
     monitor = monitor_of(spec)
     mark = len(monitor.refused) if monitor is not None else 0
     try:
-        with checker_threads(monitor is not None and getattr(ctx, "isolation", True)):
+        with checker_threads(_behind_boundary(spec, ctx)):
             result = _run_property(prop, spec, ctx, claimed, state, start)
     except TargetFailedInFull as exc:  # no case reached the target: none is reported
         return _finish(prop, claimed, "error", _State(), start, f"the normalizer {exc.reason}",
@@ -700,6 +701,11 @@ def refusal_text(what: str) -> str:
     return f"the output was refused at the process boundary: {what}"
 
 
+def _behind_boundary(spec, ctx) -> bool:
+    """Whether ``spec`` runs in a worker process, not in this one."""
+    return monitor_of(spec) is not None and getattr(ctx, "isolation", True)
+
+
 @contextlib.contextmanager
 def checker_threads(single: bool):
     """One intra-op thread for the checks while the target runs in a worker process: the checks
@@ -728,7 +734,9 @@ def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
             except Exception as exc:  # noqa: BLE001 - classified below
                 failures.append((case, exc))
         try:
-            with seeded_generation():  # the same cases in every process for one seed
+            # the same cases in every process for one seed; no global generator to seed
+            # where the target runs in a worker
+            with seeded_generation(), unseeded_globals(_behind_boundary(spec, ctx)):
                 _hypothesis_test(prop, spec, ctx, state)()
         except ShrinkStopped:  # the smallest failure the shrink reached in its budget
             failures.append(state.shrink.best)

@@ -99,11 +99,25 @@ def note_judged(judged: int, rows: int) -> None:
 
 def _decade(x: float) -> int:
     return math.floor(math.log10(x))
+
+
+def _decades(mags) -> set[int]:
+    """``{_decade(m)}`` over a float64 array of positive magnitudes, in numpy: the few within
+    rounding of a power of ten go through :func:`_decade` itself, so both count alike."""
+    import numpy as np  # torch-free: with torch, on a case's path only; merge needs neither
+
+    logs = np.log10(mags)
+    near = np.abs(logs - np.rint(logs)) < 1e-9
+    out = set(np.floor(logs[~near]).astype(np.int64).tolist())
+    out.update(_decade(m) for m in mags[near].tolist())
+    return out
 #: Cases of more entries than this (torch's parallel grain, where many kernels take another
 #: path) are counted in ``large_cases`` and listed in ``large_sizes``.
 LARGE = 2**15
 #: The most ``[rows, row length]`` pairs ``large_sizes`` lists.
 LARGE_SIZES = 16
+#: Cases of at most this many entries are counted in Python floats (:meth:`Coverage._small`).
+SMALL = 512
 
 
 class Coverage:
@@ -161,25 +175,66 @@ class Coverage:
         count, length = scores.shape
         layout = getattr(case, "layout", None)
         layout = plain(count, length) if layout is None else layout.fit(count, length)
-        self.dtypes.add(str(scores.dtype).removeprefix("torch."))
+        dtype = str(scores.dtype).removeprefix("torch.")
+        self.dtypes.add(dtype)
         self.ranks.add(layout.rank)
         self.axes.add(layout.dim)
         self.layouts.update(layout.kinds)
         self._size(layout.rows_given, length)
-        # one conversion, then numpy: a case's rows are small, and each torch operation costs
-        # more than the arithmetic (the counts are the same, value for value)
+        if count and length and count * length <= SMALL and scores.is_floating_point():
+            # a small case (most are) in Python floats: each numpy or torch call costs more
+            # than the arithmetic; the counts are the same, value for value (tests/test_coverage)
+            self._small(scores.detach().cpu().tolist(), dtype)
+            return
+        # one conversion, then numpy: each torch operation costs more than the arithmetic
         z = scores.detach().to(device="cpu", dtype=torch.float64).numpy()
         masked = z == -math.inf
         dead = masked.all(axis=-1)
         self.masked += int(bool((masked & ~dead[:, None]).any()))
         self.fully += int(bool(dead.any())) if length else 0
-        self._values(z, str(scores.dtype).removeprefix("torch."))
+        self._values(z, dtype)
+
+    def _small(self, rows: list, dtype: str) -> None:
+        """:meth:`_rows`'s counts and :meth:`_values` of rows given as lists of floats (at least
+        one row of at least one key)."""
+        ninf = -math.inf
+        masked = dead = False
+        lows, highs = [], []
+        for row in rows:
+            n = row.count(ninf)
+            if n:
+                if n == len(row):
+                    dead = True
+                else:
+                    masked = True
+            finite = [v for v in row if v - v == 0]  # not ±inf, not NaN
+            if finite:
+                lows.append(min(finite))
+                highs.append(max(finite))
+        self.masked += int(masked)
+        self.fully += int(dead)
+        if lows:
+            self._extremes(lows, highs, dtype)
+
+    def _extremes(self, lows: list, highs: list, dtype: str) -> None:
+        """The values, magnitudes and decades of rows whose lowest and highest finite scores
+        are ``lows`` and ``highs`` (floats, one pair per row with a finite score)."""
+        self.values += [min(lows) + 0.0, max(highs) + 0.0]  # + 0.0: a zero is 0.0, not -0.0
+        self.far_below += int(any(h < FAR_BELOW for h in highs))
+        # the row's largest |z|, signed; zero rows aside
+        top = [h if abs(h) >= abs(lo) else lo for lo, h in zip(lows, highs)]
+        top = [t for t in top if t != 0]
+        if top:
+            mags = [abs(t) for t in top]
+            self.magnitudes += [min(mags), max(mags)]
+            seen = self.decades.setdefault(dtype, {"+": set(), "-": set()})
+            seen["+"].update(_decade(t) for t in top if t > 0)
+            seen["-"].update(_decade(-t) for t in top if t < 0)
 
     def _values(self, z, dtype: str) -> None:
         """The values, magnitudes and decades (by sign) of the rows' finite scores (``z``: the
-        rows as a float64 array, ``dtype`` the scores' own)."""
+        rows as a float64 array, ``dtype`` the scores' own), as :meth:`_extremes` counts them."""
         import numpy as np  # torch-free: with torch, on a case's path only; merge needs neither
-        import torch  # torch-free: merge reads coverage
 
         finite = np.isfinite(z)
         low = np.where(finite, z, math.inf).min(axis=-1)
@@ -188,18 +243,16 @@ class Coverage:
             return
         low = low[live]
         high = np.where(finite, z, -math.inf).max(axis=-1)[live]
-        self.values += [float(low.min()), float(high.max())]
+        self.values += [float(low.min()) + 0.0, float(high.max()) + 0.0]
         self.far_below += int(bool((high < FAR_BELOW).any()))
         top = np.where(np.abs(high) >= np.abs(low), high, low)  # the row's largest |z|, signed
         top = top[top != 0]
         if top.size:
             mags = np.abs(top)
             self.magnitudes += [float(mags.min()), float(mags.max())]
-            # torch's log10, as before: a decade at a power of ten rounds as it always did
-            exps = torch.floor(torch.log10(torch.from_numpy(mags))).to(torch.int64).numpy()
             seen = self.decades.setdefault(dtype, {"+": set(), "-": set()})
-            seen["+"].update(exps[top > 0].tolist())
-            seen["-"].update(exps[top < 0].tolist())
+            seen["+"].update(_decades(mags[top > 0]))
+            seen["-"].update(_decades(mags[top < 0]))
 
     def _attention(self, case) -> None:
         import torch  # torch-free: merge reads coverage

@@ -136,25 +136,62 @@ def seeded_generation():
     original = getattr(providers, "_get_local_constants", None)
     constants = getattr(providers, "Constants", None)
     cache = getattr(providers, "CONSTANTS_CACHE", None)
-    if original is None or constants is None:
+    if original is None or constants is None or cache is None:
         yield
         return
     empty = constants()
-
-    def clear():
-        inner = getattr(cache, "cache", None)
-        if hasattr(inner, "clear"):
-            inner.clear()
-        elif hasattr(cache, "clear"):
-            cache.clear()
-
     providers._get_local_constants = lambda: empty
-    clear()
+    # Hypothesis's cache of the constants each kind of draw may take, made from that pool: ours
+    # (from the empty pool alone, so one for every search of the process) while a search runs,
+    # the process's own after it
+    providers.CONSTANTS_CACHE = _constants_cache(type(cache))
     try:
         yield
     finally:
         providers._get_local_constants = original
-        clear()
+        providers.CONSTANTS_CACHE = cache
+
+
+@cache
+def _constants_cache(kind):
+    """The cache of constants :func:`seeded_generation` gives Hypothesis (one per process):
+    its entries depend on the kind of draw alone, so it is never cleared."""
+    return kind(CONSTANTS_CACHE_SIZE)
+
+
+#: Entries in :func:`_constants_cache` (Hypothesis's own holds 1024).
+CONSTANTS_CACHE_SIZE = 2**14
+
+
+@contextlib.contextmanager
+def unseeded_globals(active: bool = True):
+    """While open (where ``active``), Hypothesis leaves the process's global random generators
+    alone.
+
+    Before every example Hypothesis seeds Python's and numpy's global generators (and those
+    given to ``register_random``) and restores them after it, so that a test drawing from them
+    repeats: a few hundred microseconds an example, a few per cent of a certify run. A search
+    whose targets run behind the process boundary has nothing in this process that draws from
+    them (attnverify's strategies and checks use generators of their own, seeded from the
+    case), so there the generators are taken out of Hypothesis's care while it runs and handed
+    back after; a target in this process (``--no-isolation``) keeps them seeded. Without the
+    internal this relies on (another Hypothesis release), nothing is changed."""
+    try:
+        from hypothesis.internal import entropy  # torch-free: on the parser's path
+    except ImportError:  # pragma: no cover - a Hypothesis without entropy
+        yield
+        return
+    managed = getattr(getattr(entropy, "RANDOMS_TO_MANAGE", None), "data", None)
+    if not active or not isinstance(managed, dict):
+        yield
+        return
+    held = dict(managed)  # the weak references themselves: nothing is kept alive here
+    managed.clear()
+    try:
+        yield
+    finally:
+        for key, ref in held.items():
+            managed.setdefault(key, ref)
 
 
 def hypothesis_settings(ctx, max_examples: int | None = None, *, phases=None):

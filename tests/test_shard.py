@@ -411,3 +411,40 @@ def test_the_cases_do_not_depend_on_the_modules_loaded(tmp_path):
     assert before == after
     before, after = _draws(tmp_path, contextlib.nullcontext, "plain")
     assert before != after, "Hypothesis no longer mixes in local constants: the guard is moot"
+
+
+def _global_draws(context) -> list[float]:
+    """``random.random()`` at the start of each of five examples of a search run in
+    ``context``."""
+    import random
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    seen: list[float] = []
+
+    @settings(max_examples=5, database=None, derandomize=True)
+    @given(st.integers(0, 10**6))
+    def search(_):
+        seen.append(random.random())
+
+    with context:
+        search()
+    return seen
+
+
+def test_a_search_behind_the_boundary_leaves_the_global_generators_alone():
+    """Hypothesis seeds the global generators before every example (the same first draw each
+    time); runconfig.unseeded_globals takes them out of its care for a search whose targets run
+    in a worker, and hands them back after."""
+    from hypothesis.internal import entropy
+
+    from attnverify.runconfig import unseeded_globals
+
+    seeded = _global_draws(unseeded_globals(False))
+    assert len(set(seeded)) == 1, seeded
+    before = dict(entropy.RANDOMS_TO_MANAGE.data)  # numpy's among them, once a search ran
+    free = _global_draws(unseeded_globals(True))
+    assert len(set(free)) == len(free), free
+    assert dict(entropy.RANDOMS_TO_MANAGE.data) == before
+    assert len(set(_global_draws(unseeded_globals(False)))) == 1
