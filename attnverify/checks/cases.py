@@ -320,6 +320,22 @@ def _explicit_rows(kind: str, length: int, rows: int, dtype, seed: int, device: 
                         device=device).scores
 
 
+@lru_cache(maxsize=1024)
+def _small_rows(kind: str, length: int, rows: int, dtype, seed: int, device: str,
+                scale: float | None = None):
+    """The scores of a battery's small case (a few rows of a few keys), built once per process:
+    every property's battery has them, per unit."""
+    return S.build_rows(kind, length=length, batch=rows, dtype=dtype, scale=scale, seed=seed,
+                        device=device).scores
+
+
+def battery_rows(kind: str, *, length: int, batch: int, dtype, seed: int, device,
+                 scale: float | None = None) -> torch.Tensor:
+    """:func:`attnverify.strategies.rows.build_rows`'s scores for a battery case: a copy of
+    those built once per process (:func:`_small_rows`)."""
+    return _small_rows(kind, length, batch, dtype, seed, str(device), scale).clone()
+
+
 def explicit_cases(spec, ctx: Context, entries, *, kinds, dtype,
                    temperature) -> list[RowCase]:
     """The cases of ``entries`` (:class:`Explicit`), each built once per process and copied per
@@ -360,9 +376,9 @@ def long_battery(spec, ctx: Context, *, kinds, dtype, temperature, min_batch) ->
     length = min(ctx.max_length, LONG_ROW)
     if getattr(ctx, "max_rows", None) is not None:
         min_batch = min(min_batch, ctx.max_rows)
-    rows = S.build_rows("gaussian", length=length, batch=max(2, min_batch), dtype=dtype,
+    rows = battery_rows("gaussian", length=length, batch=max(2, min_batch), dtype=dtype,
                         seed=13, device=ctx.device)
-    out = [RowCase(rows.scores, temperature, "gaussian", 13, None)]
+    out = [RowCase(rows, temperature, "gaussian", 13, None)]
     if "masked" in kinds:
         masked = Explicit(max(3, min_batch), length + 1, True,
                           (("transposed", "offset"), 3, -1, False, 7), 14)
@@ -396,18 +412,18 @@ def row_battery(spec, ctx: Context, *, kinds=None, allow_mask=True, dtypes=None,
                 max(BATTERY_ROWS, min_batch)
             if getattr(ctx, "max_rows", None) is not None:
                 count = min(count, max(ctx.max_rows, 2 if kind == "mixed_scale" else 1))
-            rows = S.build_rows(kind, length=length, batch=count, dtype=dtype, seed=7,
+            rows = battery_rows(kind, length=length, batch=count, dtype=dtype, seed=7,
                                 device=ctx.device)
-            layout = battery_layout(spec, rows.batch, length, base + len(out))
-            out.append(RowCase(rows.scores, t, kind, 7, layout))
+            layout = battery_layout(spec, count, length, base + len(out))
+            out.append(RowCase(rows, t, kind, 7, layout))
     for dtype in dtypes if wide_values(kinds) else ():
         out += domain_battery(spec, ctx, dtype, base + len(out), kinds=kinds)
     if position:
         return out
     if spec.takes_temperature and ctx.temperature is None:
-        rows = S.build_rows("gaussian", length=12, batch=2, dtype=dtypes[0], scale=3.0, seed=11,
+        rows = battery_rows("gaussian", length=12, batch=2, dtype=dtypes[0], scale=3.0, seed=11,
                             device=ctx.device)
-        out.append(RowCase(rows.scores, 1e-3, "gaussian", 11,
+        out.append(RowCase(rows, 1e-3, "gaussian", 11,
                            battery_layout(spec, 2, 12, len(out))))
     if long:
         out += long_battery(spec, ctx, kinds=kinds, dtype=dtypes[0], temperature=t,
@@ -443,6 +459,20 @@ def far_offsets(dtype) -> tuple[float, ...]:
 DOMAIN_BLOCK = 64
 
 
+@lru_cache(maxsize=16)
+def _domain_rows(dtype, masked: bool, device: str) -> torch.Tensor:
+    """The rows of :func:`domain_battery` before they are split into cases, built once per
+    process (each unit gets a copy)."""
+    offsets = far_offsets(dtype)
+    rows = S.build_rows("gaussian", length=9, batch=len(offsets), dtype=torch.float64, seed=23,
+                        device=device).scores
+    moved = rows + torch.tensor(offsets, dtype=torch.float64, device=rows.device)[:, None]
+    moved = torch.cat([moved, D.decade_rows(dtype).to(rows.device)])
+    if masked:
+        moved[:, 4] = float("-inf")
+    return moved.to(dtype)
+
+
 def domain_battery(spec, ctx: Context, dtype, index: int, *, kinds) -> list[RowCase]:
     """The explicit cases of the value domain, per dtype: one case whose rows each lie far
     from zero as a whole (a Gaussian row of 9 keys moved by each of :func:`far_offsets`) and
@@ -450,14 +480,7 @@ def domain_battery(spec, ctx: Context, dtype, index: int, *, kinds) -> list[RowC
     (:func:`attnverify.strategies.domain.decade_rows`), a key masked where the property takes
     masked keys; and, for a normalizer with a temperature (not fixed), rows at the lowest and
     the highest temperature of the dtype's range with logits of that size (``z/T`` about 3)."""
-    offsets = far_offsets(dtype)
-    rows = S.build_rows("gaussian", length=9, batch=len(offsets), dtype=torch.float64, seed=23,
-                        device=ctx.device).scores
-    moved = rows + torch.tensor(offsets, dtype=torch.float64, device=rows.device)[:, None]
-    moved = torch.cat([moved, D.decade_rows(dtype).to(rows.device)])
-    if "masked" in kinds:
-        moved[:, 4] = float("-inf")
-    scores = moved.to(dtype)
+    scores = _domain_rows(dtype, "masked" in kinds, str(ctx.device)).clone()
     t = battery_temperature(spec, ctx)
     # in blocks of at most DOMAIN_BLOCK rows (and the per-call cap of an interpreted kernel):
     # the many-row cases of the battery stay the row-tail counts they are chosen to be
@@ -467,9 +490,9 @@ def domain_battery(spec, ctx: Context, dtype, index: int, *, kinds) -> list[RowC
     if spec.takes_temperature and ctx.temperature is None:
         for j, temperature in enumerate(D.temperature_range(dtype)):
             size = min(3.0 * temperature, D.limit(dtype))
-            rows = S.build_rows("gaussian", length=12, batch=2, dtype=dtype, scale=size,
+            rows = battery_rows("gaussian", length=12, batch=2, dtype=dtype, scale=size,
                                 seed=29 + j, device=ctx.device)
-            out.append(RowCase(rows.scores, temperature, "gaussian", 29 + j,
+            out.append(RowCase(rows, temperature, "gaussian", 29 + j,
                                battery_layout(spec, 2, 12, index + 1 + j)))
     return out
 
@@ -573,10 +596,10 @@ def jacobian_battery(spec, ctx: Context) -> list[JacobianCase]:
     out = []
     for kind, length in (("two_way_tie", 2), ("two_way_tie", 6), ("exact_ties", 5),
                          ("gaussian", 16)):
-        rows = S.build_rows(kind, length=length, batch=1, dtype=F64, seed=3, device=ctx.device)
+        rows = battery_rows(kind, length=length, batch=1, dtype=F64, seed=3, device=ctx.device)
         for eps in (FD_EPSILONS[0], FD_EPSILONS[-1]):
             layout = battery_layout(spec, 1, length, len(out))
-            out.append(JacobianCase(rows.scores, t, eps, kind, 3, layout))
+            out.append(JacobianCase(rows, t, eps, kind, 3, layout))
     return out
 
 

@@ -174,9 +174,9 @@ def gradient_battery(spec, ctx):
     t = C.battery_temperature(spec, ctx)
     position, units = ctx.unit_position(dtype), len(ctx.all_full_dtypes)
     if position and spec.takes_temperature and ctx.temperature is None:
-        rows = C.S.build_rows("gaussian", length=12, batch=2, dtype=dtype, scale=3.0, seed=11,
+        rows = C.battery_rows("gaussian", length=12, batch=2, dtype=dtype, scale=3.0, seed=11,
                               device=ctx.device)
-        out.append(C.RowCase(rows.scores, 1e-3, "gaussian", 11,
+        out.append(C.RowCase(rows, 1e-3, "gaussian", 11,
                              C.battery_layout(spec, 2, 12, len(out) + position)))
     out += C.long_battery(spec, ctx, kinds=kinds, dtype=dtype, temperature=t, min_batch=1)
     many = C.BATTERY_MANY if units == 1 else C.BATTERY_MANY[position::units]
