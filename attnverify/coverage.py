@@ -111,6 +111,8 @@ def _decades(mags) -> set[int]:
     out = set(np.floor(logs[~near]).astype(np.int64).tolist())
     out.update(_decade(m) for m in mags[near].tolist())
     return out
+
+
 #: Cases of more entries than this (torch's parallel grain, where many kernels take another
 #: path) are counted in ``large_cases`` and listed in ``large_sizes``.
 LARGE = 2**15

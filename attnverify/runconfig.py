@@ -125,9 +125,10 @@ def seeded_generation():
     editable, a user's own modules in a pytest session). Which modules are loaded differs between
     an unsharded run, a shard, a rerun after ``merge`` and a plugin session, so one seed would
     draw different cases in each, and a sharded run would not merge into the unsharded
-    certificate. attnverify's searches run with that pool empty (and Hypothesis's cache of it
-    cleared on the way in and out); Hypothesis's own global constants stay. Without the internal
-    this relies on (another Hypothesis release), nothing is changed."""
+    certificate. attnverify's searches run with that pool empty, and with a cache of the
+    constants of their own (:func:`_constants_cache`) in place of Hypothesis's, which is given
+    back untouched; Hypothesis's own global constants stay. Without the internals this relies on
+    (another Hypothesis release), nothing is changed."""
     try:
         from hypothesis.internal.conjecture import providers  # torch-free: on the parser's path
     except ImportError:  # pragma: no cover - a Hypothesis without providers
