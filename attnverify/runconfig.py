@@ -153,15 +153,15 @@ def seeded_generation():
         providers.CONSTANTS_CACHE = cache
 
 
+#: Entries in :func:`_constants_cache` (Hypothesis's own holds 1024).
+CONSTANTS_CACHE_SIZE = 2**14
+
+
 @cache
 def _constants_cache(kind):
     """The cache of constants :func:`seeded_generation` gives Hypothesis (one per process):
     its entries depend on the kind of draw alone, so it is never cleared."""
     return kind(CONSTANTS_CACHE_SIZE)
-
-
-#: Entries in :func:`_constants_cache` (Hypothesis's own holds 1024).
-CONSTANTS_CACHE_SIZE = 2**14
 
 
 @contextlib.contextmanager

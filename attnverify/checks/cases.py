@@ -313,20 +313,18 @@ def battery_layout(spec, rows: int, length: int, index: int) -> Layout:
                            kind=kind, detail=detail, space=space_of(spec))
 
 
-@lru_cache(maxsize=64)
-def _explicit_rows(kind: str, length: int, rows: int, dtype, seed: int, device: str):
-    """The scores of an explicit case, built once per process (each case gets a copy)."""
-    return S.build_rows(kind, length=length, batch=rows, dtype=dtype, seed=seed,
-                        device=device).scores
-
-
-@lru_cache(maxsize=1024)
-def _small_rows(kind: str, length: int, rows: int, dtype, seed: int, device: str,
-                scale: float | None = None):
-    """The scores of a battery's small case (a few rows of a few keys), built once per process:
-    every property's battery has them, per unit."""
+def _scores(kind: str, length: int, rows: int, dtype, seed: int, device: str,
+            scale: float | None = None) -> torch.Tensor:
     return S.build_rows(kind, length=length, batch=rows, dtype=dtype, scale=scale, seed=seed,
                         device=device).scores
+
+
+#: The scores of an explicit case (many rows or many entries), built once per process (each
+#: case gets a copy); few are kept, as they are large.
+_explicit_rows = lru_cache(maxsize=64)(_scores)
+#: The scores of a battery's small case (a few rows of a few keys), built once per process:
+#: every property's battery has them, per unit.
+_small_rows = lru_cache(maxsize=1024)(_scores)
 
 
 def battery_rows(kind: str, *, length: int, batch: int, dtype, seed: int, device,
