@@ -229,9 +229,34 @@ def entry() -> None:
     Hypothesis only to find them still referenced, a cost paid after the results are out but
     before the shell gets its exit code (``docs/attention/cpu-report.md``). Everything else of
     the exit (the exit handlers, the flush of open files) runs as before."""
+    _discarded_streams()
     code = main()
     gc.freeze()
     sys.exit(code)
+
+
+def _discarded_streams() -> None:
+    """Standard output or error closed when the command began (``attnverify … >&-``): Python
+    leaves ``sys.stdout`` or ``sys.stderr`` ``None``, and the command's first print raised (a
+    traceback, whatever the command). Each is opened on ``/dev/null`` instead, on its own
+    descriptor where that is still free, so the command runs as with that output discarded."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if getattr(sys, name) is not None:
+            continue
+        opened = os.open(os.devnull, os.O_WRONLY)
+        if opened != fd and not _is_open(fd):
+            os.dup2(opened, fd)
+            os.close(opened)
+            opened = fd
+        setattr(sys, name, open(opened, "w", encoding="utf-8", errors="backslashreplace"))
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,10 +2,11 @@
 
 The run is split with the shard machinery (:mod:`attnverify.shard`: units of target × property ×
 dtype × device, partitioned by their static ci costs): job ``k`` is ``attnverify certify … --shard
-k/N`` in a process of its own (its own checker, zygote and workers), writing its partial
-certificate to a private temporary directory. From the command line each job is a fork of the
-command's process with a clone of its zygote (:func:`_forked_jobs`), so neither imports torch
-again. The parts are merged by :mod:`attnverify.merge`
+k/N`` with its own checker, zygote and workers, writing its partial certificate to a private
+temporary directory. From the command line the command's process runs job 1 itself, on its own
+zygote, and each other job is a fork of it with a clone of that zygote (:func:`_forked_jobs`),
+so no job imports torch again and no process waits idle; elsewhere each job is a process of its
+own. The parts are merged by :mod:`attnverify.merge`
 (the same :func:`attnverify.certify.combine` an unsharded run uses), so the certificate is the
 serial run's apart from seconds and process ids. ``--jobs 1`` is the serial path itself (no
 process is started).
@@ -26,7 +27,9 @@ from pathlib import Path
 from attnverify.atomic import write_text_atomic
 from attnverify.errors import (
     IN_JOB_ENV,
+    TERMINATING,
     Interrupted,
+    Terminated,
     UsageError,
     interrupt_on_signals,
     interrupt_signal,
@@ -245,23 +248,29 @@ def _spawned_jobs(commands: list[list[str]], quiet: bool) -> list[tuple[int, byt
 
 def _forked_jobs(commands: list[list[str]], tmp: str,
                  quiet: bool) -> list[tuple[int, bytes | None]] | None:
-    """Each job a fork of this process, which has imported torch, Hypothesis and the checks
-    already, with a clone of this process's zygote (:meth:`attnverify.remote.Zygote.clone`),
-    which has imported torch for the workers: a job starts at once instead of importing both
-    again. ``[(exit code, its standard error where quiet)]``, or ``None`` where the zygote
-    could not be cloned (the caller spawns the jobs instead)."""
+    """Job 1 run in this process (:func:`_own_job`, on this process's zygote) and each other job
+    a fork of it, which has imported torch, Hypothesis and the checks already, with a clone of
+    this process's zygote (:meth:`attnverify.remote.Zygote.clone`), which has imported torch for
+    the workers: a job starts at once instead of importing both again, and no process waits idle
+    for the others (an idle command held its own pages, and each forked job copied the pages
+    it wrote from them). ``[(exit code, its standard error where quiet)]``, or ``None`` where
+    the zygote could not be cloned (the caller spawns the jobs instead). Job 1 stopped by
+    Ctrl-C or a terminating signal (it wrote the part it finished) stops the others the same
+    way (:func:`_stop`) and raises the interrupt, as one that comes while this process waits."""
     from attnverify import remote  # dispatch: imports torch, which a run with jobs has already
 
     sys.stdout.flush()
     sys.stderr.flush()
     pids: list[int] = []
     errs = [os.path.join(tmp, f"stderr{k}") for k in range(1, len(commands) + 1)]
+    usages = [os.path.join(tmp, f"usage{k}") for k in range(1, len(commands) + 1)]
     parent = os.getpid()
-    # what this process holds stays shared with the jobs: a collection in a job would write
-    # into every object's header, copying all of its pages (the jobs keep them frozen)
+    # what this process holds stays shared with the jobs: a collection in a job (or in this
+    # process, which runs job 1) would write into every object's header, copying all of its
+    # pages; they stay frozen until every job has ended
     gc.freeze()
     try:
-        for command, err in zip(commands, errs):
+        for command, err, usage in zip(commands[1:], errs[1:], usages[1:]):
             try:
                 zpid, zsock = remote.zygote().clone()
             except remote.WorkerFailed:
@@ -272,18 +281,78 @@ def _forked_jobs(commands: list[list[str]], tmp: str,
                 pid = os.fork()
                 if pid == 0:
                     _tied_to(parent)
-                    _job_main(command, zpid, zsock, err if quiet else None,
-                              os.path.join(tmp, f"usage{len(pids) + 1}"))
+                    _job_main(command, zpid, zsock, err if quiet else None, usage)
             finally:
                 zsock.close()
             pids.append(pid)
-        gc.unfreeze()
+        own = _own_job(commands[0], errs[0] if quiet else None, usages[0])
+        stopped = _stopped_by(own)
+        if stopped is not None:  # job 1 wrote what it finished: the others do the same
+            raise stopped
         codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
     except BaseException as exc:
-        gc.unfreeze()
         _stop(pids, exc)
         raise
-    return [(code, _read(err)) for code, err in zip(codes, errs)]
+    finally:
+        gc.unfreeze()
+    return [(own, _read(errs[0]))] + [(code, _read(err)) for code, err in zip(codes, errs[1:])]
+
+
+def _own_job(command: list[str], err: str | None, usage: str) -> int:
+    """Job ``command`` in this process, as a forked job runs it (:func:`_job_main`) on this
+    process's zygote: standard output on ``/dev/null`` and standard error on ``err`` (where
+    given) while it runs, the job's environment, a usage error written to ``usage``; its exit
+    code (70 where it broke, its traceback on its standard error)."""
+    cli = sys.modules["attnverify.cli"]  # the entry point that ran this command (_job_main)
+    before = os.environ.get(IN_JOB_ENV)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    moved = [(sys.stdout, os.devnull, os.O_WRONLY)]
+    if err is not None:
+        moved.append((sys.stderr, err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC))
+    saved: list[tuple[int, int]] = []
+    code = 70
+    try:
+        for stream, path, flags in moved:
+            fd = stream.fileno()
+            saved.append((fd, os.dup(fd)))
+            opened = os.open(path, flags, 0o600)
+            os.dup2(opened, fd)
+            os.close(opened)
+        os.environ[IN_JOB_ENV] = "1"
+        try:
+            code = cli.main(command, raise_usage=True)
+        except UsageError as exc:
+            write_text_atomic(Path(usage), f"{exc}\n")
+            code = 2
+        except Exception:  # noqa: BLE001 - reported as the job's failure, as a forked job's
+            import traceback  # dispatch: only where the job itself broke
+
+            traceback.print_exc()
+    finally:
+        if before is None:
+            os.environ.pop(IN_JOB_ENV, None)
+        else:
+            os.environ[IN_JOB_ENV] = before
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            for fd, copy in saved:
+                os.dup2(copy, fd)
+                os.close(copy)
+    return code
+
+
+def _stopped_by(code: int) -> KeyboardInterrupt | None:
+    """The interrupt that stopped a job which exited with ``code`` (128 + Ctrl-C's signal or a
+    terminating one: :func:`attnverify.errors.interrupt_exit_code`), else ``None``."""
+    signum = code - 128
+    if signum == signal.SIGINT:
+        return KeyboardInterrupt()
+    if signum in TERMINATING:
+        return Terminated(signum)
+    return None
 
 
 def _stop(pids: list[int], exc: BaseException) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -101,9 +102,10 @@ def _run(*argv, env=None):
 
 @pytest.mark.slow  # four certifications of one target, from the command line
 def test_forked_jobs_split_one_target_into_the_serial_certificate(tmp_path):
-    """From the command line the jobs are forks of the command's process, each with a clone of
-    its zygote (:func:`attnverify.jobs._forked_jobs`): one normalizer and one attention kernel
-    split over two jobs give the serial certificates."""
+    """From the command line the command's process runs job 1 and the other jobs are forks of
+    it, each with a clone of its zygote (:func:`attnverify.jobs._forked_jobs`): one normalizer
+    and one attention kernel split over two jobs give the serial certificates, and job 1's
+    verdict lines (of its partial certificate) reach nothing."""
     runs = {"normalizer": ["softmax", "--profile", "dev", "--max-examples", "4"],
             "attention": ["--attention", "eager_softmax", "--profile", "dev",
                           "--max-examples", "2"]}
@@ -119,6 +121,42 @@ def test_forked_jobs_split_one_target_into_the_serial_certificate(tmp_path):
         assert _comparable(certs[1]) == _comparable(certs[2]), what
         assert set(certs[1]["targets"][0]["worker_pids"]).isdisjoint(
             certs[2]["targets"][0]["worker_pids"])
+
+
+@pytest.mark.slow  # one certification on two jobs, from the command line
+def test_the_command_runs_a_job_itself(tmp_path):
+    """No process of a run with jobs waits idle for the others: the workers of one job are
+    children of the command's own zygote (the command ran that job), the other job's of a clone
+    of it (a child of that zygote); the run certifies as a serial one."""
+    log = tmp_path / "workers.log"
+    source = tmp_path / "lineage.py"
+    source.write_text(f"""
+import os, torch
+
+def _parent(pid):
+    with open(f"/proc/{{pid}}/stat", "rb") as fh:
+        return int(fh.read().rsplit(b")", 1)[-1].split()[1])
+
+with open({str(log)!r}, "a") as fh:  # at load, once per worker
+    fh.write(f"{{os.getpid()}} {{os.getppid()}} {{_parent(os.getppid())}}\\n")
+
+def norm(scores, dim=-1):
+    return torch.softmax(scores, dim)
+""")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnverify", "certify", f"{source}:norm", "--claims", "",
+         "--profile", "dev", "--max-examples", "2", "--quiet", "--jobs", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "ATTNVERIFY_SANDBOX_WRITABLE": str(tmp_path)})
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out + err
+    assert out.count("CERTIFIED") == 1 and not err, out + err
+    lineage = [tuple(int(x) for x in line.split()) for line in log.read_text().splitlines()]
+    zygotes = {zygote for _, zygote, above in lineage if above == proc.pid}
+    clones = {zygote for _, zygote, above in lineage if above != proc.pid}
+    assert len(zygotes) == 1, lineage  # the command's own zygote served a job's workers
+    assert clones and all(above in zygotes for _, zygote, above in lineage
+                          if zygote in clones), lineage  # the other job's: its clone's
 
 
 def test_a_usage_error_of_the_jobs_is_one_line(tmp_path):
@@ -372,7 +410,8 @@ def test_falsify_defers_torch_dynamo_for_a_bound_without_a_jacobian(monkeypatch,
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals, /proc")
-@pytest.mark.parametrize("jobs, sig, code", [("1", "SIGTERM", 143), ("2", "SIGINT", 130)])
+@pytest.mark.parametrize("jobs, sig, code", [("1", "SIGTERM", 143), ("2", "SIGINT", 130),
+                                             ("2", "SIGTERM", 143)])
 def test_a_stopped_run_writes_the_certificate_of_what_it_finished(tmp_path, jobs, sig, code):
     """Ctrl-C, or SIGTERM (a CI job cancelled or past its limit), part-way through a run, serial
     or on jobs: the certificate is written with every property that finished as it finished
@@ -519,3 +558,33 @@ def test_a_run_stopped_while_it_merges_its_jobs_parts_writes_the_certificate(tmp
     data = json.loads(out.read_text(encoding="utf-8"))
     assert data["interrupted"] == "SIGTERM"
     assert {r["status"] for r in data["targets"][0]["results"]} == {"holds"}
+
+
+def _with_closed(stream: str, *argv) -> subprocess.CompletedProcess:
+    """``python -m attnverify ARGV`` with standard output (``stream`` 1) or error (2) closed,
+    as ``attnverify … >&-`` runs it."""
+    line = " ".join(["exec", shlex.quote(sys.executable), "-m", "attnverify",
+                     *map(shlex.quote, argv), f"{stream}>&-"])
+    return subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=600)
+
+
+def test_a_closed_standard_stream_is_output_discarded():
+    """``attnverify … >&-`` (or ``2>&-``): Python leaves that stream ``None``, and every command
+    ended in a traceback at its first print. It runs as with that output discarded."""
+    done = _with_closed("1", "list")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    done = _with_closed("2", "certify", "no_such_target")
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+
+
+@pytest.mark.slow  # two certifications on two jobs, from the command line
+def test_a_run_with_jobs_and_a_closed_standard_stream_writes_its_certificate(tmp_path):
+    """A closed standard output or error does not stop the job the command runs itself (its
+    output moved aside while it runs, then put back): the certificate is written, exit 0."""
+    for stream in ("1", "2"):
+        path = tmp_path / f"closed{stream}.json"
+        done = _with_closed(stream, "certify", "softmax", "--claims", "", "--profile", "dev",
+                            "--max-examples", "2", "--jobs", "2", "--json", str(path))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "Traceback" not in done.stdout + done.stderr
+        assert json.loads(path.read_text())["targets"][0]["verdict"] == "certified"
