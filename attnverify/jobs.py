@@ -303,7 +303,6 @@ def _own_job(command: list[str], err: str | None, usage: str) -> int:
     process's zygote: standard output on ``/dev/null`` and standard error on ``err`` (where
     given) while it runs, the job's environment, a usage error written to ``usage``; its exit
     code (70 where it broke, its traceback on its standard error)."""
-    cli = sys.modules["attnverify.cli"]  # the entry point that ran this command (_job_main)
     before = os.environ.get(IN_JOB_ENV)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -321,10 +320,7 @@ def _own_job(command: list[str], err: str | None, usage: str) -> int:
             os.close(opened)
         os.environ[IN_JOB_ENV] = "1"
         try:
-            code = cli.main(command, raise_usage=True)
-        except UsageError as exc:
-            write_text_atomic(Path(usage), f"{exc}\n")
-            code = 2
+            code = _job_command(command, usage)
         except Exception:  # noqa: BLE001 - reported as the job's failure, as a forked job's
             import traceback  # dispatch: only where the job itself broke
 
@@ -342,6 +338,19 @@ def _own_job(command: list[str], err: str | None, usage: str) -> int:
                 os.dup2(copy, fd)
                 os.close(copy)
     return code
+
+
+def _job_command(command: list[str], usage: str) -> int:
+    """A job's command run as ``attnverify COMMAND`` would run it, except that a usage error is
+    written to ``usage`` for the parent to print once (exit 2): its exit code."""
+    # the command line's entry point, which ran the parent's command (jobs exist only for a run
+    # from the command line: job_count); not imported here, which would close a cycle
+    cli = sys.modules["attnverify.cli"]
+    try:
+        return cli.main(command, raise_usage=True)
+    except UsageError as exc:
+        write_text_atomic(Path(usage), f"{exc}\n")
+        return 2
 
 
 def _stopped_by(code: int) -> KeyboardInterrupt | None:
@@ -428,15 +437,8 @@ def _job_main(command: list[str], zpid: int, zsock, err: str | None, usage: str)
         os.close(devnull)
         from attnverify import remote  # dispatch: imported by the parent already
 
-        # the command line's entry point, which ran the parent's command (jobs exist only for
-        # a run from the command line: job_count); not imported here, which would close a cycle
-        cli = sys.modules["attnverify.cli"]
-        try:
-            remote.zygote().adopt(zpid, zsock)
-            code = cli.main(command, raise_usage=True)
-        except UsageError as exc:
-            write_text_atomic(Path(usage), f"{exc}\n")
-            code = 2
+        remote.zygote().adopt(zpid, zsock)
+        code = _job_command(command, usage)
         remote.zygote().close()
     except KeyboardInterrupt as exc:  # stopped before its command began: nothing to keep
         code = 128 + interrupt_signal(exc)
