@@ -201,13 +201,18 @@ def _add_attention_options(p: argparse.ArgumentParser) -> None:
 
 
 def _early_zygote(args, defer: bool = False, backward: bool = True) -> None:
-    """Start the worker processes' zygote now, before this process imports torch, so that the
-    two imports overlap (:mod:`attnverify.prestart`; ``defer``, ``backward``: as its
-    ``spawn``'s); not for a run in this process."""
+    """Start the worker processes' zygote now, before this process imports the checks
+    (:mod:`attnverify.prestart`; ``defer``, ``backward``: as its ``spawn``'s): from the command
+    line, forked from this process once it has imported torch (sharing that import's pages);
+    called in another program's process, spawned, its import beside this process's. Not for a
+    run in this process."""
     from attnverify import prestart  # dispatch: on a run only (wire, its arena), not --help
 
     if not getattr(args, "no_isolation", False) and isolation_default():
-        prestart.early(defer, backward)
+        if getattr(args, "own_process", False):  # the command line's: nothing held yet
+            prestart.forked(defer, backward)
+        else:  # a caller's process (a test's, a job's): its objects stay out of the workers
+            prestart.early(defer, backward)
 
 
 def _run_certify(args) -> int:

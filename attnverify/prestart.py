@@ -1,27 +1,45 @@
-"""The worker processes' zygote started before the checker imports torch.
+"""The worker processes' zygote, started before the checker's own imports are done.
 
 A command that will run targets behind the process boundary spends its first seconds importing
 torch (and Hypothesis, and the checks) in this process; the zygote (:mod:`attnverify.worker`)
-imports torch too, before it can fork the first worker. :func:`spawn` starts it and sends it the
-import path at once, so the two imports run side by side on two cores instead of one after the
-other; :class:`attnverify.remote.Zygote` adopts the process (:func:`take`) when it first needs
-it. This module imports nothing of torch, so a command can call :func:`early` before its own
-heavy imports. A zygote never adopted is killed at exit.
+needs torch too before it can fork the first worker. Two ways to start it, both before the
+checks are imported, adopted by :class:`attnverify.remote.Zygote` (:func:`take`) when it
+first needs one; a zygote never adopted is killed at exit:
+
+* :func:`forked`, the command line's (:func:`attnverify.commands._early_zygote`): this process
+  imports torch and forks the zygote at once, before it imports Hypothesis, the checks or any
+  target. The zygote and every worker it forks share torch's pages with the checker (its
+  import's heap is about 140 MiB, never written by either side) instead of holding a copy of
+  their own, and one import's CPU is saved; the zygote then imports what it preloads while
+  this process imports the checks. What a worker finds of the checker in its memory is what
+  the command held then: its parsed command line, no object of a check.
+* :func:`spawn` (:func:`early`), for any other caller (the library, a test that runs the
+  command in its own process, whose objects a fork would carry into every worker): a new
+  Python process, sent the import path at once, so that its import of torch and this
+  process's run side by side.
+
+This module imports nothing of torch but in :func:`forked`, so a command can call it before
+its own heavy imports.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 from attnverify import wire
 
 #: The folder of this attnverify package, from which the zygote imports it.
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-#: The spawned zygote not yet adopted: ``(process, channel, pid of the process that spawned it)``.
+#: OpenMP's wait policy the zygote and the workers start with, unless the environment sets one.
+PASSIVE = ("OMP_WAIT_POLICY", "PASSIVE")
+#: The zygote started early and not yet adopted: ``(process, channel, pid of the process that
+#: started it)``.
 _EARLY: list = []
 
 
@@ -34,15 +52,12 @@ def spawn(defer: bool = False, backward: bool = True) -> tuple[subprocess.Popen,
     process may have no use for it: ``falsify``, ``certify`` of one normalizer); else it
     imports them first, for every worker. ``backward``: :data:`attnverify.worker.BACKWARD` is
     imported first too, else deferred likewise (a worker that takes no backward pass)."""
-    # torch-free: the names the zygote imports
-    from attnverify.worker import BACKWARD, DEFERRED, PRELOAD
-
     parent, child = socket.socketpair()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     # the checker and the worker take turns: OpenMP threads that spin after a parallel
     # region would take the CPU from the other process (unless the user chose a policy)
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env.setdefault(*PASSIVE)
     # attnverify imported from the very folder the checker's came from: a folder named
     # attnverify elsewhere on the path (the current directory that `python -c` puts first, a
     # '.' that an import added to the checker's path) is never taken for the package
@@ -58,14 +73,110 @@ def spawn(defer: bool = False, backward: bool = True) -> tuple[subprocess.Popen,
         env=env, cwd=os.getcwd())
     child.close()
     try:
-        wire.send(parent, {"path": [str(p) for p in sys.path],
-                           "preload": [*PRELOAD, *(BACKWARD if backward else ()),
-                                       *(() if defer else DEFERRED)],
-                           "deferred": [*(DEFERRED if defer else ()),
-                                        *(() if backward else BACKWARD)]})
+        wire.send(parent, _hello(defer, backward))
     except OSError:
         pass  # the caller's read of the answer says what happened
     return proc, parent
+
+
+def _hello(defer: bool, backward: bool) -> dict:
+    """What the zygote imports before it answers, and what it defers (:func:`spawn`)."""
+    # torch-free: the names the zygote imports
+    from attnverify.worker import BACKWARD, DEFERRED, PRELOAD
+
+    return {"path": [str(p) for p in sys.path],
+            "preload": [*PRELOAD, *(BACKWARD if backward else ()), *(() if defer else DEFERRED)],
+            "deferred": [*(DEFERRED if defer else ()), *(() if backward else BACKWARD)]}
+
+
+def forked(defer: bool = False, backward: bool = True) -> None:
+    """The command line's zygote (module docstring): torch imported here, then the zygote
+    forked from this process, in a session of its own, nothing of this process open in it but
+    its channel, its hello (``defer``, ``backward``: as :func:`spawn`'s) handed over in memory;
+    unless one is running or waiting in this process already. A fork that fails starts one with
+    :func:`spawn` instead. Only for a process that holds nothing yet but its command line: the
+    zygote and its workers keep a copy of everything it holds."""
+    remote = sys.modules.get("attnverify.remote")
+    if _EARLY or (remote is not None and remote.zygote().alive()):
+        return
+    # the checker and the worker take turns (:func:`spawn`); OpenMP reads the policy once, when
+    # torch loads it, and the workers share this process's load: this process's too
+    os.environ.setdefault(*PASSIVE)
+    import torch  # noqa: F401  dispatch: the zygote shares this import's pages
+
+    from attnverify.worker import serve_zygote  # torch-free; a fork of this process runs it
+
+    hello = _hello(defer, backward)
+    for stream in (sys.stdout, sys.stderr):  # nothing buffered here is written twice
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    parent, child = socket.socketpair()
+    try:
+        pid = os.fork()
+    except OSError:
+        parent.close()
+        child.close()
+        early(defer, backward)
+        return
+    if pid == 0:
+        try:
+            _become_zygote(parent, child)
+            serve_zygote(child, hello)
+        finally:
+            os._exit(0)  # never back into the command's code
+    child.close()
+    _EARLY.append((_Child(pid), parent, os.getpid()))
+
+
+def _become_zygote(parent: socket.socket, child: socket.socket) -> None:
+    """In the forked child of :func:`forked`: what a spawned zygote starts with (a session of
+    its own, the default signal dispositions, ``/dev/null`` for the standard streams, no other
+    file of the command's open)."""
+    os.setsid()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    keep = child.fileno()
+    os.closerange(3, keep)
+    os.closerange(keep + 1, max(os.sysconf("SC_OPEN_MAX"), keep + 1))
+    parent.detach()  # closed above
+
+
+class _Child:
+    """The part of :class:`subprocess.Popen` a :class:`attnverify.remote.Zygote` uses, for the
+    zygote :func:`forked` made (a child of this process)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped already
+                pid, status = self.pid, -1
+            if pid == self.pid:
+                self.returncode = -1 if status < 0 else os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def early(defer: bool = False, backward: bool = True) -> None:
@@ -82,7 +193,8 @@ def early(defer: bool = False, backward: bool = True) -> None:
 
 
 def take() -> tuple[subprocess.Popen, socket.socket] | None:
-    """The zygote :func:`early` started in this process, if any (the caller owns it now)."""
+    """The zygote :func:`early` or :func:`forked` started in this process, if any (the caller
+    owns it now)."""
     while _EARLY:
         proc, sock, owner = _EARLY.pop()
         if owner == os.getpid() and proc.poll() is None:

@@ -1430,6 +1430,12 @@ def zygote_main(ctrl_fd: int) -> None:
     ctrl = socket.socket(fileno=ctrl_fd)
     hello = wire.receive(ctrl)
     sys.path[:] = [str(p) for p in hello.get("path", sys.path)]
+    serve_zygote(ctrl, hello)
+
+
+def serve_zygote(ctrl: socket.socket, hello: dict) -> None:
+    """The zygote's work once it has its ``hello`` (what to import first, what to defer): the
+    imports, then the requests of the checker at the other end of ``ctrl``."""
     for name in hello.get("preload", PRELOAD + BACKWARD + DEFERRED):
         _preload(name)
     _serve_forks(ctrl, [str(name) for name in hello.get("deferred", ())], owns_run=True)

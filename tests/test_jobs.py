@@ -159,6 +159,75 @@ def norm(scores, dim=-1):
                           if zygote in clones), lineage  # the other job's: its clone's
 
 
+#: The checker's modules (docs/ARCHITECTURE.md, the layering), Hypothesis and the property suite:
+#: none of them is ever in a worker.
+CHECKER_MODULES = ("hypothesis", "attnverify.checks", "attnverify.certify", "attnverify.strategies",
+                   "attnverify.bounds", "attnverify.report", "attnverify.isolation",
+                   "attnverify.remote", "attnverify.falsify", "attnverify.quantities",
+                   "attnverify.jacobian", "attnverify.properties", "attnverify.attention.suite")
+
+
+def _probe_target(tmp_path: Path) -> tuple[Path, Path]:
+    """A normalizer that writes, when a worker loads it, its zygote's process id, parent and
+    command line and the modules of the checker's it finds loaded: ``(source, log)``."""
+    log = tmp_path / "workers.jsonl"
+    source = tmp_path / "probe.py"
+    source.write_text(f"""
+import json, os, sys, torch
+
+def _stat(pid):
+    with open(f"/proc/{{pid}}/stat", "rb") as fh:
+        return fh.read().rsplit(b")", 1)[-1].split()
+
+zygote = os.getppid()
+with open(f"/proc/{{zygote}}/cmdline", "rb") as fh:
+    command = fh.read().decode(errors="replace").split("\\0")[:-1]
+with open({str(log)!r}, "a") as fh:  # at load, once per worker
+    fh.write(json.dumps({{"zygote": zygote, "parent": int(_stat(zygote)[1]),
+                         "session": int(_stat(zygote)[3]), "command": command,
+                         "checks": sorted(m for m in sys.modules
+                                          if m.startswith({CHECKER_MODULES!r}))}}) + "\\n")
+
+def norm(scores, dim=-1):
+    return torch.softmax(scores, dim)
+""")
+    return source, log
+
+
+def test_the_command_line_forks_its_zygote_before_the_checks(tmp_path):
+    """From the command line the zygote is forked from the command once it has imported torch
+    (:func:`attnverify.prestart.forked`: the workers share that import's pages), before
+    Hypothesis, the checks or the target are: the workers' zygote is a child of the command
+    running the command's own program, in a session of its own, and no module of the checks
+    is in a worker."""
+    source, log = _probe_target(tmp_path)
+    argv = [sys.executable, "-m", "attnverify", "certify", f"{source}:norm", "--claims", "",
+            "--profile", "dev", "--max-examples", "2", "--quiet", "--jobs", "1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "ATTNVERIFY_SANDBOX_WRITABLE": str(tmp_path)})
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0 and out.count("CERTIFIED") == 1 and not err, out + err
+    seen = [json.loads(line) for line in log.read_text().splitlines()]
+    assert seen and all(s["parent"] == proc.pid for s in seen), seen
+    assert all(s["command"] == argv and s["session"] == s["zygote"] for s in seen), seen
+    assert all(not s["checks"] for s in seen), seen
+
+
+def test_a_command_run_in_a_callers_process_spawns_its_zygote(tmp_path, monkeypatch, capsys):
+    """``main`` called in another program's process (this test's) spawns the zygote instead of
+    forking it (the caller's objects would be in every worker): a new interpreter, with no
+    module of the checks either."""
+    source, log = _probe_target(tmp_path)
+    monkeypatch.setenv("ATTNVERIFY_SANDBOX_WRITABLE", str(tmp_path))
+    code = main(["certify", f"{source}:norm", "--claims", "", "--profile", "dev",
+                 "--max-examples", "2", "--quiet", "--jobs", "1"])
+    assert code == 0, capsys.readouterr()
+    seen = [json.loads(line) for line in log.read_text().splitlines()]
+    assert seen and all(s["parent"] == os.getpid() for s in seen), seen
+    assert all(s["command"][1:2] == ["-c"] and "zygote" in s["command"] for s in seen), seen
+    assert all(not s["checks"] for s in seen), seen
+
+
 def test_a_usage_error_of_the_jobs_is_one_line(tmp_path):
     """Every forked job meets the same bad input (it shows only once a target is loaded): the
     command prints it once, exit 2, whatever the number of jobs and targets."""
