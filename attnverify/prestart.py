@@ -133,8 +133,9 @@ def forked(defer: bool = False, backward: bool = True) -> None:
 def _become_zygote(parent: socket.socket, child: socket.socket) -> None:
     """In the forked child of :func:`forked`: what a spawned zygote starts with (a session of
     its own, the default signal dispositions, ``/dev/null`` for the standard streams, no other
-    file of the command's open)."""
+    file of the command's open, a spawned zygote's ``sys.argv``)."""
     os.setsid()
+    sys.argv[:] = ["-c", "zygote", str(child.fileno())]
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     devnull = os.open(os.devnull, os.O_RDWR)

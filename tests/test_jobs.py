@@ -185,6 +185,7 @@ with open(f"/proc/{{zygote}}/cmdline", "rb") as fh:
 with open({str(log)!r}, "a") as fh:  # at load, once per worker
     fh.write(json.dumps({{"zygote": zygote, "parent": int(_stat(zygote)[1]),
                          "session": int(_stat(zygote)[3]), "command": command,
+                         "argv": sys.argv[:2],
                          "checks": sorted(m for m in sys.modules
                                           if m.startswith({CHECKER_MODULES!r}))}}) + "\\n")
 
@@ -210,7 +211,7 @@ def test_the_command_line_forks_its_zygote_before_the_checks(tmp_path):
     seen = [json.loads(line) for line in log.read_text().splitlines()]
     assert seen and all(s["parent"] == proc.pid for s in seen), seen
     assert all(s["command"] == argv and s["session"] == s["zygote"] for s in seen), seen
-    assert all(not s["checks"] for s in seen), seen
+    assert all(not s["checks"] and s["argv"] == ["-c", "zygote"] for s in seen), seen
 
 
 def test_a_command_run_in_a_callers_process_spawns_its_zygote(tmp_path, monkeypatch, capsys):
@@ -225,7 +226,7 @@ def test_a_command_run_in_a_callers_process_spawns_its_zygote(tmp_path, monkeypa
     seen = [json.loads(line) for line in log.read_text().splitlines()]
     assert seen and all(s["parent"] == os.getpid() for s in seen), seen
     assert all(s["command"][1:2] == ["-c"] and "zygote" in s["command"] for s in seen), seen
-    assert all(not s["checks"] for s in seen), seen
+    assert all(not s["checks"] and s["argv"] == ["-c", "zygote"] for s in seen), seen
 
 
 def test_a_usage_error_of_the_jobs_is_one_line(tmp_path):
