@@ -8,9 +8,9 @@ first needs one; a zygote never adopted is killed at exit:
 
 * :func:`forked`, the command line's (:func:`attnverify.commands._early_zygote`): this process
   imports torch and forks the zygote at once, before it imports Hypothesis, the checks or any
-  target. The zygote and every worker it forks share torch's pages with the checker (its
-  import's heap is about 140 MiB, never written by either side) instead of holding a copy of
-  their own, and one import's CPU is saved; the zygote then imports what it preloads while
+  target. The zygote and every worker it forks share torch's pages with the checker (the heap
+  its import leaves: each process copies only the pages it writes) instead of holding a copy
+  of their own, and one import's CPU is saved; the zygote then imports what it preloads while
   this process imports the checks. What a worker finds of the checker in its memory is what
   the command held then: its parsed command line, no object of a check.
 * :func:`spawn` (:func:`early`), for any other caller (the library, a test that runs the
@@ -102,7 +102,10 @@ def forked(defer: bool = False, backward: bool = True) -> None:
     # the checker and the worker take turns (:func:`spawn`); OpenMP reads the policy once, when
     # torch loads it, and the workers share this process's load: this process's too
     os.environ.setdefault(*PASSIVE)
-    import torch  # noqa: F401  dispatch: the zygote shares this import's pages
+    try:
+        import torch  # noqa: F401  dispatch: the zygote shares this import's pages
+    except Exception:  # noqa: BLE001 - the command's own import of torch reports it, as before
+        return
 
     from attnverify.worker import serve_zygote  # torch-free; a fork of this process runs it
 
