@@ -93,9 +93,10 @@ def forked(defer: bool = False, backward: bool = True) -> None:
     """The command line's zygote (module docstring): torch imported here, then the zygote
     forked from this process, in a session of its own, nothing of this process open in it but
     its channel, its hello (``defer``, ``backward``: as :func:`spawn`'s) handed over in memory;
-    unless one is running or waiting in this process already. A fork that fails starts one with
-    :func:`spawn` instead. Only for a process that holds nothing yet but its command line: the
-    zygote and its workers keep a copy of everything it holds."""
+    unless one is running or waiting in this process already. Where this process maps memory
+    shared and writable, or the fork fails, it starts one with :func:`spawn` instead. Only for a
+    process that holds nothing yet but its command line: the zygote and its workers keep a copy
+    of everything it holds."""
     remote = sys.modules.get("attnverify.remote")
     if _EARLY or (remote is not None and remote.zygote().alive()):
         return
@@ -109,6 +110,9 @@ def forked(defer: bool = False, backward: bool = True) -> None:
 
     from attnverify.worker import serve_zygote  # torch-free; a fork of this process runs it
 
+    if _writable_shared_memory():  # a worker could write into this process through it
+        early(defer, backward)
+        return
     hello = _hello(defer, backward)
     for stream in (sys.stdout, sys.stderr):  # nothing buffered here is written twice
         try:
@@ -131,6 +135,17 @@ def forked(defer: bool = False, backward: bool = True) -> None:
             os._exit(0)  # never back into the command's code
     child.close()
     _EARLY.append((_Child(pid), parent, os.getpid()))
+
+
+def _writable_shared_memory() -> bool:
+    """Whether this process maps memory shared and writable (``/proc/self/maps``; true where it
+    cannot be read): a fork would share it with the zygote and every worker."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            return any(len(f) > 1 and f[1][1:2] == "w" and f[1][3:4] == "s"
+                       for f in (line.split(maxsplit=2) for line in fh))
+    except OSError:
+        return True
 
 
 def _become_zygote(parent: socket.socket, child: socket.socket) -> None:

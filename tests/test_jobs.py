@@ -229,6 +229,29 @@ def test_a_command_run_in_a_callers_process_spawns_its_zygote(tmp_path, monkeypa
     assert all(not s["checks"] and s["argv"] == ["-c", "zygote"] for s in seen), seen
 
 
+def test_the_command_spawns_its_zygote_where_it_maps_shared_writable_memory(monkeypatch):
+    """A fork would share such memory with every worker, which could then write into the
+    checker through it: ``prestart.forked`` spawns the zygote instead (and forks nothing)."""
+    from attnverify import prestart
+
+    probe = ("import mmap; from attnverify import prestart; "
+             "print(prestart._writable_shared_memory()); "
+             "m = mmap.mmap(-1, 4096, flags=mmap.MAP_SHARED); "
+             "print(prestart._writable_shared_memory())")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.split() == ["False", "True"], done.stdout + done.stderr
+    started = []
+    monkeypatch.setattr(prestart, "_EARLY", [])
+    monkeypatch.setattr(prestart, "_writable_shared_memory", lambda: True)
+    monkeypatch.setattr(prestart, "early", lambda *a: started.append(a))
+    monkeypatch.setattr(remote, "zygote", lambda: remote.Zygote())
+    monkeypatch.setattr(os, "fork", lambda: pytest.fail("forked"))
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    prestart.forked(True, False)
+    assert started == [(True, False)]
+
+
 def test_a_usage_error_of_the_jobs_is_one_line(tmp_path):
     """Every forked job meets the same bad input (it shows only once a target is loaded): the
     command prints it once, exit 2, whatever the number of jobs and targets."""
