@@ -134,7 +134,7 @@ def forked(defer: bool = False, backward: bool = True) -> None:
         finally:
             os._exit(0)  # never back into the command's code
     child.close()
-    _EARLY.append((_Child(pid), parent, os.getpid()))
+    _EARLY.append((ProcessHandle(pid), parent, os.getpid()))
 
 
 def _writable_shared_memory() -> bool:
@@ -165,9 +165,10 @@ def _become_zygote(parent: socket.socket, child: socket.socket) -> None:
     parent.detach()  # closed above
 
 
-class _Child:
-    """The part of :class:`subprocess.Popen` a :class:`attnverify.remote.Zygote` uses, for the
-    zygote :func:`forked` made (a child of this process)."""
+class ProcessHandle:
+    """The part of :class:`subprocess.Popen` a :class:`attnverify.remote.Zygote` uses, for a
+    process known by its pid: here a child of this process (the zygote :func:`forked` made),
+    polled by ``waitpid``; :class:`attnverify.remote._Foreign` polls another's."""
 
     def __init__(self, pid: int):
         self.pid = pid

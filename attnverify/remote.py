@@ -272,13 +272,9 @@ class Zygote:
             self.root = ""
 
 
-class _Foreign:
-    """The part of :class:`subprocess.Popen` a :class:`Zygote` uses, for a zygote this process
-    did not start (a clone: the child of the first zygote, which reaps it)."""
-
-    def __init__(self, pid: int):
-        self.pid = pid
-        self.returncode: int | None = None
+class _Foreign(prestart.ProcessHandle):
+    """A :class:`~attnverify.prestart.ProcessHandle` for a zygote this process did not start (a
+    clone: the child of the first zygote, which reaps it)."""
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -290,20 +286,6 @@ class _Foreign:
             if state in (b"Z", b"X"):  # exited (a zombie until its parent reaps it) or gone
                 self.returncode = -1
         return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
-            time.sleep(0.005)
-        return self.returncode
-
-    def kill(self) -> None:
-        try:
-            os.kill(self.pid, 9)
-        except OSError:
-            pass
 
 
 _ZYGOTE = Zygote()
