@@ -91,14 +91,12 @@ def _hello(defer: bool, backward: bool) -> dict:
 
 def forked(defer: bool = False, backward: bool = True) -> None:
     """The command line's zygote (module docstring): torch imported here, then the zygote
-    forked from this process, in a session of its own, nothing of this process open in it but
-    its channel, its hello (``defer``, ``backward``: as :func:`spawn`'s) handed over in memory;
-    unless one is running or waiting in this process already. Where this process maps memory
-    shared and writable, or the fork fails, it starts one with :func:`spawn` instead. Only for a
-    process that holds nothing yet but its command line: the zygote and its workers keep a copy
-    of everything it holds."""
-    remote = sys.modules.get("attnverify.remote")
-    if _EARLY or (remote is not None and remote.zygote().alive()):
+    forked from this process (:func:`_fork_zygote`), its hello (``defer``, ``backward``: as
+    :func:`spawn`'s) handed over in memory; unless one is running or waiting in this process
+    already. Where this process maps memory shared and writable, or the fork fails, it starts
+    one with :func:`spawn` instead. Only for a process that holds nothing yet but its command
+    line: the zygote and its workers keep a copy of everything it holds."""
+    if _started():
         return
     # the checker and the worker take turns (:func:`spawn`); OpenMP reads the policy once, when
     # torch loads it, and the workers share this process's load: this process's too
@@ -107,13 +105,16 @@ def forked(defer: bool = False, backward: bool = True) -> None:
         import torch  # noqa: F401  dispatch: the zygote shares this import's pages
     except Exception:  # noqa: BLE001 - the command's own import of torch reports it, as before
         return
+    # shared writable memory: a worker could write into this process through it
+    if _writable_shared_memory() or not _fork_zygote(_hello(defer, backward)):
+        early(defer, backward)
 
+
+def _fork_zygote(hello: dict) -> bool:
+    """Fork the zygote, in a session of its own, nothing of this process open in it but its
+    channel, serving ``hello``; kept for :func:`take`. Whether the fork succeeded."""
     from attnverify.worker import serve_zygote  # torch-free; a fork of this process runs it
 
-    if _writable_shared_memory():  # a worker could write into this process through it
-        early(defer, backward)
-        return
-    hello = _hello(defer, backward)
     for stream in (sys.stdout, sys.stderr):  # nothing buffered here is written twice
         try:
             stream.flush()
@@ -125,8 +126,7 @@ def forked(defer: bool = False, backward: bool = True) -> None:
     except OSError:
         parent.close()
         child.close()
-        early(defer, backward)
-        return
+        return False
     if pid == 0:
         try:
             _become_zygote(parent, child)
@@ -135,6 +135,7 @@ def forked(defer: bool = False, backward: bool = True) -> None:
             os._exit(0)  # never back into the command's code
     child.close()
     _EARLY.append((ProcessHandle(pid), parent, os.getpid()))
+    return True
 
 
 def _writable_shared_memory() -> bool:
@@ -202,14 +203,19 @@ class ProcessHandle:
 def early(defer: bool = False, backward: bool = True) -> None:
     """Start the zygote now unless one is running or waiting in this process already
     (``defer``, ``backward``: as :func:`spawn`'s)."""
-    remote = sys.modules.get("attnverify.remote")
-    if _EARLY or (remote is not None and remote.zygote().alive()):
+    if _started():
         return
     try:
         proc, sock = spawn(defer, backward)
     except OSError:
         return  # started later, where its failure is reported
     _EARLY.append((proc, sock, os.getpid()))
+
+
+def _started() -> bool:
+    """Whether a zygote is running (adopted) or waiting in this process already."""
+    remote = sys.modules.get("attnverify.remote")
+    return bool(_EARLY) or (remote is not None and remote.zygote().alive())
 
 
 def take() -> tuple[subprocess.Popen, socket.socket] | None:
