@@ -221,6 +221,8 @@ def _run_certify(args) -> int:
     # not, nor softmax's forward mode), so the zygote is ready when this process is; several
     # targets, or attention kernels (whose forward mode through torch's decompositions imports
     # it), have it imported once in the zygote instead of once in every worker
+    if args.attention is not None and getattr(args, "own_process", False):
+        heap.map_large_blocks()  # before the zygote and the jobs fork: they keep it
     _early_zygote(args, defer=args.attention is None and len(args.targets or ()) == 1)
     if getattr(args, "attention", None) is not None:
         if args.database is not None:

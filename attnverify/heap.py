@@ -9,7 +9,10 @@ whole free pages anywhere in the heap, not only at its top): after every unit, a
 at most every :data:`TRIM_INTERVAL_S` (:func:`trim_due`, at the checker's requests and after
 the worker's answers). Fixing the threshold instead (``mallopt``) kept less, but every large
 tensor then page-faults in fresh: more time for less memory than the trims
-(``docs/attention/cpu-report.md``). Nothing happens off glibc.
+(``docs/attention/cpu-report.md``). An attention run from the command line fixes it at
+:data:`ATTENTION_MMAP_THRESHOLD` (:func:`map_large_blocks`): its large blocks are few and
+their work per byte high, and its peak is what the memory target bounds. Nothing happens off
+glibc.
 
 Python's own collector is kept off the objects of the modules a command imported
 (:func:`freeze_imports`): its full collections would walk every one of torch's, sympy's and
@@ -20,23 +23,53 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import sys
 import time
 
 
-def _malloc_trim():
+def _libc_function(name: str):
+    """glibc's ``name`` (``None`` off Linux or off glibc: musl has neither ``malloc_trim``
+    nor ``mallopt``'s parameters)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
         return None
 
 
-_MALLOC_TRIM = _malloc_trim()
+_MALLOC_TRIM = _libc_function("malloc_trim")
+#: ``mallopt``'s parameter for the size from which every block is a mapping of its own.
+M_MMAP_THRESHOLD = -3
+#: That size for ``certify --attention`` from the command line (:func:`map_large_blocks`).
+ATTENTION_MMAP_THRESHOLD = 4 << 20
+#: The environment through which a user sets glibc's allocator (then left as set).
+MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_",
+              "MALLOC_MMAP_MAX_")
 #: At most one :func:`trim_due` trim in this long, in seconds.
 TRIM_INTERVAL_S = 0.2
 _last_trim = 0.0
+
+
+def map_large_blocks(threshold: int = ATTENTION_MMAP_THRESHOLD) -> bool:
+    """Fix glibc's threshold for a block of its own at ``threshold`` bytes in this process and
+    in every process it forks or starts from now on (``mallopt``, and the environment for a
+    new process), unless the environment sets glibc's allocator already (:data:`MALLOC_ENV`,
+    ``GLIBC_TUNABLES``' ``glibc.malloc.``). A fixed threshold no longer rises to the largest
+    block freed, so a freed tensor of that size or more goes back to the system at once instead
+    of staying in the heap until the next :func:`trim`. Each such tensor then faults its pages
+    in fresh: more time where large tensors are many and cheap, which is why only attention
+    runs from the command line (the caller's process, or a library's, is left alone) take it.
+    Whether it was set."""
+    if any(name in os.environ for name in MALLOC_ENV) or (
+            "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "")):
+        return False
+    mallopt = _libc_function("mallopt")
+    if mallopt is None or not mallopt(M_MMAP_THRESHOLD, int(threshold)):
+        return False
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(int(threshold))
+    return True
 
 
 def trim() -> None:

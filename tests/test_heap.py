@@ -128,3 +128,95 @@ def test_a_command_in_its_own_process_freezes_its_imports_before_its_run(command
     assert code == 2 and "attnverify: error:" in done.stderr, done.stderr[-400:]
     assert frozen > 10_000, frozen  # torch's, Hypothesis's objects: not walked by the run
     assert gc.get_freeze_count() == 0  # a command run in-process (tests) freezes nothing
+
+
+#: In a fresh interpreter: glibc's threshold fixed (argument ``fixed``) or left dynamic
+#: (``dynamic``); a block of 8 MiB written and freed (a dynamic threshold rises to its size),
+#: then another: the anonymous memory in MiB its free left behind, and the environment a new
+#: process would get.
+_FREED = """
+import ctypes, os, sys
+from attnverify import heap
+
+def anon():
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Anonymous:")) >> 10
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+fixed = heap.map_large_blocks() if sys.argv[1] == "fixed" else None
+
+def block():
+    p = libc.malloc(8 << 20)
+    ctypes.memset(p, 1, 8 << 20)
+    libc.free(p)
+
+block()
+before = anon()
+block()
+print(fixed, anon() - before, os.environ.get("MALLOC_MMAP_THRESHOLD_"))
+"""
+
+
+def _freed(mode: str, **env) -> list[str]:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in heap.MALLOC_ENV and k != "GLIBC_TUNABLES"}
+    done = subprocess.run([sys.executable, "-c", _FREED, mode], capture_output=True, text=True,
+                          timeout=120, check=True, env={**clean, **env})
+    return done.stdout.split()
+
+
+@pytest.mark.skipif(heap._libc_function("mallopt") is None, reason="not glibc: no mallopt")
+def test_a_fixed_threshold_gives_a_large_freed_block_back_at_once():
+    fixed, kept, exported = _freed("dynamic")
+    assert fixed == "None" and int(kept) >= 6 and exported == "None"  # glibc alone keeps it
+    fixed, kept, exported = _freed("fixed")
+    assert fixed == "True" and int(kept) < 2, kept
+    assert exported == str(heap.ATTENTION_MMAP_THRESHOLD)  # what a spawned process reads
+
+
+@pytest.mark.parametrize("env", [{"MALLOC_MMAP_THRESHOLD_": "65536"}, {"MALLOC_TOP_PAD_": "0"},
+                                 {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}],
+                         ids=["threshold", "top-pad", "tunables"])
+def test_a_users_own_malloc_setting_is_left_as_it_is(env):
+    fixed, _kept, exported = _freed("fixed", **env)
+    assert fixed == "False"
+    assert exported == env.get("MALLOC_MMAP_THRESHOLD_", "None")
+
+
+_THRESHOLD_OF_RUN = """
+import os, sys
+from attnverify.cli import main
+sys.argv = ["attnverify", *sys.argv[1:]]
+code = main()
+print(code, os.environ.get("MALLOC_MMAP_THRESHOLD_"))
+"""
+
+
+@pytest.mark.skipif(heap._libc_function("mallopt") is None, reason="not glibc: no mallopt")
+@pytest.mark.parametrize("command, fixed", [
+    (["certify", "--attention", "sdpa", "--profile", "dev"], True),
+    (["certify", "softmax", "--profile", "dev"], False),
+], ids=["attention", "normalizer"])
+def test_an_attention_run_from_the_command_line_fixes_the_threshold(command, fixed, tmp_path):
+    out = str(tmp_path / "missing" / "out.json")
+    clean = {k: v for k, v in os.environ.items()
+             if k not in heap.MALLOC_ENV and k != "GLIBC_TUNABLES"}
+    done = subprocess.run([sys.executable, "-c", _THRESHOLD_OF_RUN, *command, "--json", out],
+                          capture_output=True, text=True, timeout=300,
+                          env={**clean, "ATTNVERIFY_JOBS": "1"}, cwd=tmp_path)
+    code, exported = done.stdout.split()[-2:]
+    assert code == "2", done.stderr[-400:]
+    assert exported == (str(heap.ATTENTION_MMAP_THRESHOLD) if fixed else "None")
+
+
+def test_an_attention_run_in_a_callers_process_leaves_its_allocator_alone(monkeypatch, tmp_path,
+                                                                           capsys):
+    calls = []
+    monkeypatch.setattr(heap, "map_large_blocks", lambda *a: calls.append(a) or True)
+    out = str(tmp_path / "missing" / "out.json")
+    assert main(["certify", "--attention", "sdpa", "--profile", "dev", "--jobs", "1",
+                 "--json", out]) == 2
+    capsys.readouterr()
+    assert calls == []
