@@ -200,7 +200,7 @@ def _add_attention_options(p: argparse.ArgumentParser) -> None:
                        "attention target")
 
 
-def _early_zygote(args, defer: bool = False, backward: bool = True) -> None:
+def _early_zygote(args, defer: bool = False) -> None:
     """Start the worker processes' zygote now, before this process imports the checks
     (:mod:`attnverify.prestart`; ``defer``, ``backward``: as its ``spawn``'s): from the command
     line, forked from this process once it has imported torch (sharing that import's pages);
@@ -210,9 +210,9 @@ def _early_zygote(args, defer: bool = False, backward: bool = True) -> None:
 
     if not getattr(args, "no_isolation", False) and isolation_default():
         if getattr(args, "own_process", False):  # the command line's: nothing held yet
-            prestart.forked(defer, backward)
+            prestart.forked(defer)
         else:  # a caller's process (a test's, a job's): its objects stay out of the workers
-            prestart.early(defer, backward)
+            prestart.early(defer)
 
 
 def _run_certify(args) -> int:
@@ -306,9 +306,7 @@ def _run_falsify(args) -> int:
         # one search, one worker: torch._dynamo deferred unless the inequality has a Jacobian,
         # whose forward mode through torch's decompositions imports it (softmax's, say): then
         # the zygote's import overlaps this process's instead of holding up the first request
-        # (and a backward pass, which imports sympy)
-        jacobian = "jacobian" in str(args.inequality).lower()
-        _early_zygote(args, defer=not jacobian, backward=jacobian)
+        _early_zygote(args, defer="jacobian" not in str(args.inequality).lower())
     from attnverify import falsify, isolation  # dispatch: import torch, Hypothesis
 
     if getattr(args, "own_process", False):

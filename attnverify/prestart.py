@@ -43,15 +43,14 @@ PASSIVE = ("OMP_WAIT_POLICY", "PASSIVE")
 _EARLY: list = []
 
 
-def spawn(defer: bool = False, backward: bool = True) -> tuple[subprocess.Popen, socket.socket]:
+def spawn(defer: bool = False) -> tuple[subprocess.Popen, socket.socket]:
     """A new zygote process (``python -c … zygote FD``, in a session of its own) and the
     checker's end of its channel; its hello (the import path, what to preload) already sent, so
     it is importing torch when this returns. The caller reads its answer. ``defer``: the
     zygote answers before it imports :data:`attnverify.worker.DEFERRED` (``torch._dynamo``),
     which it (or a clone of it) imports before its second worker (a command whose one worker a
     process may have no use for it: ``falsify``, ``certify`` of one normalizer); else it
-    imports them first, for every worker. ``backward``: :data:`attnverify.worker.BACKWARD` is
-    imported first too, else deferred likewise (a worker that takes no backward pass)."""
+    imports them first, for every worker."""
     parent, child = socket.socketpair()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
@@ -73,23 +72,23 @@ def spawn(defer: bool = False, backward: bool = True) -> tuple[subprocess.Popen,
         env=env, cwd=os.getcwd())
     child.close()
     try:
-        wire.send(parent, _hello(defer, backward))
+        wire.send(parent, _hello(defer))
     except OSError:
         pass  # the caller's read of the answer says what happened
     return proc, parent
 
 
-def _hello(defer: bool, backward: bool) -> dict:
+def _hello(defer: bool) -> dict:
     """What the zygote imports before it answers, and what it defers (:func:`spawn`)."""
     # torch-free: the names the zygote imports
-    from attnverify.worker import BACKWARD, DEFERRED, PRELOAD
+    from attnverify.worker import DEFERRED, PRELOAD
 
     return {"path": [str(p) for p in sys.path],
-            "preload": [*PRELOAD, *(BACKWARD if backward else ()), *(() if defer else DEFERRED)],
-            "deferred": [*(DEFERRED if defer else ()), *(() if backward else BACKWARD)]}
+            "preload": [*PRELOAD, *(() if defer else DEFERRED)],
+            "deferred": list(DEFERRED if defer else ())}
 
 
-def forked(defer: bool = False, backward: bool = True) -> None:
+def forked(defer: bool = False) -> None:
     """The command line's zygote (module docstring): torch imported here, then the zygote
     forked from this process (:func:`_fork_zygote`), its hello (``defer``, ``backward``: as
     :func:`spawn`'s) handed over in memory; unless one is running or waiting in this process
@@ -106,8 +105,8 @@ def forked(defer: bool = False, backward: bool = True) -> None:
     except Exception:  # noqa: BLE001 - the command's own import of torch reports it, as before
         return
     # shared writable memory: a worker could write into this process through it
-    if _writable_shared_memory() or not _fork_zygote(_hello(defer, backward)):
-        early(defer, backward)
+    if _writable_shared_memory() or not _fork_zygote(_hello(defer)):
+        early(defer)
 
 
 def _fork_zygote(hello: dict) -> bool:
@@ -200,13 +199,13 @@ class ProcessHandle:
             pass
 
 
-def early(defer: bool = False, backward: bool = True) -> None:
+def early(defer: bool = False) -> None:
     """Start the zygote now unless one is running or waiting in this process already
     (``defer``, ``backward``: as :func:`spawn`'s)."""
     if _started():
         return
     try:
-        proc, sock = spawn(defer, backward)
+        proc, sock = spawn(defer)
     except OSError:
         return  # started later, where its failure is reported
     _EARLY.append((proc, sock, os.getpid()))

@@ -895,10 +895,12 @@ class Server:
 
         def reverse_over_reverse():
             w = torch.zeros_like(out, requires_grad=True)
-            gs = torch.autograd.grad(out, inputs, w, create_graph=True, allow_unused=True)
+            gs = torch.autograd.grad(_paired([out], [w]), inputs, create_graph=True,
+                                     allow_unused=True)
             if any(g is None or not g.requires_grad for g in gs):
                 return None
-            return torch.autograd.grad(gs, w, tangents, retain_graph=True, allow_unused=True)[0]
+            return torch.autograd.grad(_paired(gs, tangents), w, retain_graph=True,
+                                       allow_unused=True)[0]
 
         try:
             jv = self._guarded(effects, True, reverse_over_reverse)
@@ -1197,8 +1199,38 @@ def _grad(out, wrt, cotangent, create: bool):
     cots = cotangent if isinstance(cotangent, (list, tuple)) else [cotangent]
     if not any(o.requires_grad for o in outs):
         return [torch.zeros_like(w) for w in wrt]
-    return torch.autograd.grad(outs, wrt, cots, allow_unused=True, materialize_grads=True,
-                               create_graph=create)
+    return torch.autograd.grad(_paired(outs, cots), wrt, allow_unused=True,
+                               materialize_grads=True, create_graph=create)
+
+
+def _paired(outs, cots):
+    """``Σ ⟨out, cotangent⟩``, one scalar whose gradient is the vector-Jacobian products
+    ``torch.autograd.grad(outs, …, cots)`` gives: the same values (the backward of the sum is
+    ones, that of each product ``1·cotangent``, exact in every dtype), without that call's check
+    of a tensor cotangent, which imports ``torch.fx.experimental.symbolic_shapes`` and sympy
+    (about half a second, and 34 MiB, in every zygote whose workers need none of it). The
+    shapes are compared here instead (a cotangent is never broadcast), and, as there, every
+    output must be part of the graph. Recorded whatever the grad mode (a first-order product
+    runs with it off, as ``torch.autograd.grad`` does its backward then)."""
+    import torch  # worker: torch loads in the zygote, after this
+
+    with torch.enable_grad():
+        return _sum_of_products(outs, cots)
+
+
+def _sum_of_products(outs, cots):
+    total = None
+    for i, (o, c) in enumerate(zip(outs, cots, strict=True)):
+        if c.shape != o.shape:
+            raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of "
+                               f"{tuple(c.shape)} and output[{i}] has a shape of "
+                               f"{tuple(o.shape)}")
+        if not o.requires_grad:
+            raise RuntimeError(f"element {i} of tensors does not require grad and does not "
+                               "have a grad_fn")
+        term = (o * c).sum()
+        total = term if total is None else total + term
+    return total
 
 
 def _index(value, n: int) -> int:
@@ -1397,11 +1429,6 @@ PR_SET_CHILD_SUBREAPER = 36
 #: loaded (the forward-mode decompositions too: the first ``jvp`` of every target imports them).
 PRELOAD = ("torch", "torch.func", "attnverify.registry", "attnverify.normalizers",
            "attnverify.attention.loader", "torch._decomp.decompositions_for_jvp")
-#: Imported with :data:`PRELOAD` where the workers will take backward passes (every command
-#: but ``falsify`` of an inequality without a Jacobian, which defers it as it defers
-#: :data:`DEFERRED`): ``torch.autograd.grad`` with a cotangent imports it, with sympy, on first
-#: use.
-BACKWARD = ("torch.fx.experimental.symbolic_shapes",)
 #: Imported by the zygote with :data:`PRELOAD`, or, where its hello defers them
 #: (:func:`attnverify.prestart.spawn`: ``falsify``, one worker a search; ``certify`` of one
 #: normalizer, one worker a process), before it forks its second worker (so that it and any
@@ -1436,7 +1463,7 @@ def zygote_main(ctrl_fd: int) -> None:
 def serve_zygote(ctrl: socket.socket, hello: dict) -> None:
     """The zygote's work once it has its ``hello`` (what to import first, what to defer): the
     imports, then the requests of the checker at the other end of ``ctrl``."""
-    for name in hello.get("preload", PRELOAD + BACKWARD + DEFERRED):
+    for name in hello.get("preload", PRELOAD + DEFERRED):
         _preload(name)
     _serve_forks(ctrl, [str(name) for name in hello.get("deferred", ())], owns_run=True)
 

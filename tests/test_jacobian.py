@@ -618,6 +618,39 @@ def test_vjp_is_autograd_grad_bit_for_bit_and_never_broadcasts():
         jacobian.vjp(out, z, torch.ones(9, dtype=out.dtype))
 
 
+def test_the_workers_backward_passes_are_autograd_grads_bit_for_bit():
+    """The worker's vector-Jacobian products (:func:`attnverify.worker._grad`, the gradient of
+    ``Σ ⟨out, cotangent⟩``): the same bits as ``torch.autograd.grad(outs, wrt, cotangents)``,
+    first order and double backward (the cotangent among the inputs), float32 and float64,
+    extreme entries too; a cotangent of another shape, or an output outside the graph, is an
+    error, as there, never broadcast or skipped."""
+    from attnverify import worker
+
+    g = torch.Generator().manual_seed(5)
+    for dtype in (torch.float64, torch.float32):
+        z = (torch.randn(4, 9, generator=g, dtype=F64) * 3).to(dtype).requires_grad_(True)
+        cot = torch.randn(4, 9, generator=g, dtype=F64).to(dtype).requires_grad_(True)
+        with torch.no_grad():
+            cot[0, :3] = torch.tensor([1e30, -0.0, 1e-45], dtype=dtype)
+        once = torch.softmax(z * 2, -1) * torch.tanh(z)
+        with torch.no_grad():  # a first-order product runs with grad mode off in the worker
+            (first,) = worker._grad(once, [z], cot, False)
+        out = torch.softmax(z * 2, -1) * torch.tanh(z)
+        want = torch.autograd.grad(out, [z], cot, create_graph=True)
+        got = worker._grad(out, [z], cot, True)
+        assert torch.equal(got[0], want[0]) and torch.equal(first, want[0]), dtype
+        assert bool((want[0][1:] != 0).all())  # a gradient with something in it
+        outer = torch.randn(4, 9, generator=g, dtype=F64).to(dtype)
+        want2 = torch.autograd.grad(want, [z, cot], [outer], retain_graph=True)
+        got2 = worker._grad(list(got), [z, cot], [outer], False)
+        for a, b in zip(got2, want2):
+            assert torch.equal(a, b) and bool((b != 0).any()), dtype
+    with pytest.raises(RuntimeError, match="Mismatch in shape"):
+        worker._grad(out, [z], torch.ones(9, dtype=out.dtype), False)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        worker._grad([out, z.detach()], [z], [torch.ones_like(out), torch.ones_like(z)], False)
+
+
 def test_the_checker_never_imports_sympy():
     """No backward pass of the checker's goes through ``torch.autograd.grad``'s tensor-cotangent
     path, which imports ``torch.fx.experimental.symbolic_shapes`` and sympy (start-up time and

@@ -214,6 +214,36 @@ def test_the_command_line_forks_its_zygote_before_the_checks(tmp_path):
     assert all(not s["checks"] and s["argv"] == ["-c", "zygote"] for s in seen), seen
 
 
+def test_a_workers_backward_passes_import_no_sympy(tmp_path):
+    """The worker takes the target's backward passes as the gradient of ``⟨out, cotangent⟩``
+    (:func:`attnverify.worker._grad`), never through ``torch.autograd.grad``'s tensor-cotangent
+    path, which imports ``torch.fx.experimental.symbolic_shapes`` and sympy: the zygote no
+    longer preloads them, so a certification of one normalizer (``torch._dynamo`` deferred,
+    which brings sympy where it is imported) takes its gradients and double backward without
+    either. The target records, at every call, whether its input requires grad and what is
+    loaded."""
+    log = tmp_path / "calls.txt"
+    source = tmp_path / "spy.py"
+    source.write_text(f"""
+import sys, torch
+
+def norm(scores, dim=-1):
+    with open({str(log)!r}, "a") as fh:
+        fh.write(f"{{scores.requires_grad}} {{'sympy' in sys.modules}} "
+                 f"{{'torch._dynamo' in sys.modules}}\\n")
+    return torch.softmax(scores, dim)
+""")
+    argv = [sys.executable, "-m", "attnverify", "certify", f"{source}:norm", "--claims",
+            "double_backward", "--profile", "dev", "--max-examples", "4", "--quiet", "--jobs", "1"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "ATTNVERIFY_SANDBOX_WRITABLE": str(tmp_path)})
+    assert done.returncode == 0 and "CERTIFIED" in done.stdout, done.stdout + done.stderr
+    calls = [tuple(line.split()) for line in log.read_text().splitlines()]
+    backward = [c for c in calls if c[0] == "True"]
+    assert len(backward) >= 20 and ("True", "False", "False") in backward, calls[:5]
+    assert ("True", "True", "False") not in backward and ("False", "True", "False") not in calls
+
+
 def test_a_command_run_in_a_callers_process_spawns_its_zygote(tmp_path, monkeypatch, capsys):
     """``main`` called in another program's process (this test's) spawns the zygote instead of
     forking it (the caller's objects would be in every worker): a new interpreter, with no
@@ -248,8 +278,8 @@ def test_the_command_spawns_its_zygote_where_it_maps_shared_writable_memory(monk
     monkeypatch.setattr(remote, "zygote", lambda: remote.Zygote())
     monkeypatch.setattr(os, "fork", lambda: pytest.fail("forked"))
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
-    prestart.forked(True, False)
-    assert started == [(True, False)]
+    prestart.forked(True)
+    assert started == [(True,)]
 
 
 def test_a_usage_error_of_the_jobs_is_one_line(tmp_path):
@@ -476,11 +506,11 @@ def test_certify_defers_torch_dynamo_for_one_normalizer(monkeypatch, argv, defer
 
     seen = []
     monkeypatch.setattr(commands, "_early_zygote",
-                        lambda args, defer=False, backward=True: seen.append((defer, backward)))
+                        lambda args, defer=False: seen.append(defer))
     monkeypatch.setattr(certify_command, "run_certify", lambda args: 0)
     monkeypatch.setattr(attention_command, "run_certify", lambda args: 0)
     assert main(argv) == 0
-    assert seen == [(defers, True)]  # its workers' backward passes: sympy preloaded
+    assert seen == [defers]
 
 
 @pytest.mark.parametrize(("inequality", "workers", "defers"), [
@@ -495,11 +525,10 @@ def test_falsify_defers_torch_dynamo_for_a_bound_without_a_jacobian(monkeypatch,
 
     seen = []
     monkeypatch.setattr(commands, "_early_zygote",
-                        lambda args, defer=False, backward=True: seen.append((defer, backward)))
+                        lambda args, defer=False: seen.append(defer))
     monkeypatch.setattr(falsify, "run_falsify_command", lambda args, isolated: 0)
     assert main(["falsify", "softmax", inequality, "--workers", str(workers)]) == 0
-    # a bound without a Jacobian takes no backward pass either: sympy deferred with torch._dynamo
-    assert seen == ([] if defers is None else [(defers, not defers)])
+    assert seen == ([] if defers is None else [defers])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals, /proc")
