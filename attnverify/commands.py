@@ -202,7 +202,7 @@ def _add_attention_options(p: argparse.ArgumentParser) -> None:
 
 def _early_zygote(args, defer: bool = False) -> None:
     """Start the worker processes' zygote now, before this process imports the checks
-    (:mod:`attnverify.prestart`; ``defer``, ``backward``: as its ``spawn``'s): from the command
+    (:mod:`attnverify.prestart`; ``defer``: as its ``spawn``'s): from the command
     line, forked from this process once it has imported torch (sharing that import's pages);
     called in another program's process, spawned, its import beside this process's. Not for a
     run in this process."""

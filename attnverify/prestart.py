@@ -90,7 +90,7 @@ def _hello(defer: bool) -> dict:
 
 def forked(defer: bool = False) -> None:
     """The command line's zygote (module docstring): torch imported here, then the zygote
-    forked from this process (:func:`_fork_zygote`), its hello (``defer``, ``backward``: as
+    forked from this process (:func:`_fork_zygote`), its hello (``defer``: as
     :func:`spawn`'s) handed over in memory; unless one is running or waiting in this process
     already. Where this process maps memory shared and writable, or the fork fails, it starts
     one with :func:`spawn` instead. Only for a process that holds nothing yet but its command
@@ -201,7 +201,7 @@ class ProcessHandle:
 
 def early(defer: bool = False) -> None:
     """Start the zygote now unless one is running or waiting in this process already
-    (``defer``, ``backward``: as :func:`spawn`'s)."""
+    (``defer``: as :func:`spawn`'s)."""
     if _started():
         return
     try:

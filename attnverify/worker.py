@@ -1211,25 +1211,23 @@ def _paired(outs, cots):
     (about half a second, and 34 MiB, in every zygote whose workers need none of it). The
     shapes are compared here instead (a cotangent is never broadcast), and, as there, every
     output must be part of the graph. Recorded whatever the grad mode (a first-order product
-    runs with it off, as ``torch.autograd.grad`` does its backward then)."""
+    runs with it off, as ``torch.autograd.grad`` does its backward then). The checker's
+    :func:`attnverify.jacobian.vjp` does the same; the worker imports no module of the
+    checks."""
     import torch  # worker: torch loads in the zygote, after this
 
-    with torch.enable_grad():
-        return _sum_of_products(outs, cots)
-
-
-def _sum_of_products(outs, cots):
     total = None
-    for i, (o, c) in enumerate(zip(outs, cots, strict=True)):
-        if c.shape != o.shape:
-            raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of "
-                               f"{tuple(c.shape)} and output[{i}] has a shape of "
-                               f"{tuple(o.shape)}")
-        if not o.requires_grad:
-            raise RuntimeError(f"element {i} of tensors does not require grad and does not "
-                               "have a grad_fn")
-        term = (o * c).sum()
-        total = term if total is None else total + term
+    with torch.enable_grad():
+        for i, (o, c) in enumerate(zip(outs, cots, strict=True)):
+            if c.shape != o.shape:
+                raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of "
+                                   f"{tuple(c.shape)} and output[{i}] has a shape of "
+                                   f"{tuple(o.shape)}")
+            if not o.requires_grad:
+                raise RuntimeError(f"element {i} of tensors does not require grad and does "
+                                   "not have a grad_fn")
+            term = (o * c).sum()
+            total = term if total is None else total + term
     return total
 
 

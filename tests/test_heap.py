@@ -23,8 +23,10 @@ from attnverify.cli import main
 #: stays (so the freed ones are holes in the heap, not its top), the large ones freed; then the
 #: anonymous memory in MiB before and after :func:`attnverify.heap.trim` (argument ``trim``;
 #: ``none``: no trim).
-_HOLES = """
-import ctypes, sys
+#: The start of :data:`_HOLES` and :data:`_FREED`: the process's anonymous memory in MiB, and
+#: glibc's ``malloc`` and ``free``.
+_LIBC = """
+import ctypes, os, sys
 from attnverify import heap
 
 def anon():
@@ -34,6 +36,8 @@ def anon():
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
+"""
+_HOLES = _LIBC + """
 libc.free(libc.malloc(2 << 20))
 big, pins = [], []
 for _ in range(64):
@@ -134,17 +138,7 @@ def test_a_command_in_its_own_process_freezes_its_imports_before_its_run(command
 #: (``dynamic``); a block of 8 MiB written and freed (a dynamic threshold rises to its size),
 #: then another: the anonymous memory in MiB its free left behind, and the environment a new
 #: process would get.
-_FREED = """
-import ctypes, os, sys
-from attnverify import heap
-
-def anon():
-    with open("/proc/self/smaps_rollup") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("Anonymous:")) >> 10
-
-libc = ctypes.CDLL(None)
-libc.malloc.restype = ctypes.c_void_p
-libc.free.argtypes = [ctypes.c_void_p]
+_FREED = _LIBC + """
 fixed = heap.map_large_blocks() if sys.argv[1] == "fixed" else None
 
 def block():
@@ -159,11 +153,15 @@ print(fixed, anon() - before, os.environ.get("MALLOC_MMAP_THRESHOLD_"))
 """
 
 
+def _without_malloc_settings() -> dict:
+    """This environment without a setting of glibc's allocator."""
+    return {k: v for k, v in os.environ.items()
+            if k not in heap.MALLOC_ENV and k != "GLIBC_TUNABLES"}
+
+
 def _freed(mode: str, **env) -> list[str]:
-    clean = {k: v for k, v in os.environ.items()
-             if k not in heap.MALLOC_ENV and k != "GLIBC_TUNABLES"}
     done = subprocess.run([sys.executable, "-c", _FREED, mode], capture_output=True, text=True,
-                          timeout=120, check=True, env={**clean, **env})
+                          timeout=120, check=True, env={**_without_malloc_settings(), **env})
     return done.stdout.split()
 
 
@@ -201,11 +199,10 @@ print(code, os.environ.get("MALLOC_MMAP_THRESHOLD_"))
 ], ids=["attention", "normalizer"])
 def test_an_attention_run_from_the_command_line_fixes_the_threshold(command, fixed, tmp_path):
     out = str(tmp_path / "missing" / "out.json")
-    clean = {k: v for k, v in os.environ.items()
-             if k not in heap.MALLOC_ENV and k != "GLIBC_TUNABLES"}
     done = subprocess.run([sys.executable, "-c", _THRESHOLD_OF_RUN, *command, "--json", out],
                           capture_output=True, text=True, timeout=300,
-                          env={**clean, "ATTNVERIFY_JOBS": "1"}, cwd=tmp_path)
+                          env={**_without_malloc_settings(), "ATTNVERIFY_JOBS": "1"},
+                          cwd=tmp_path)
     code, exported = done.stdout.split()[-2:]
     assert code == "2", done.stderr[-400:]
     assert exported == (str(heap.ATTENTION_MMAP_THRESHOLD) if fixed else "None")
