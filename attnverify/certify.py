@@ -45,6 +45,8 @@ from attnverify.errors import (
     UsageError,
     WorkerFailed,
     interrupt_word,
+    raise_if_swallowed,
+    reraise_interrupt,
 )
 from attnverify.exampledb import database_key, open_database
 from attnverify.registry import NormalizerSpec, load_target
@@ -603,6 +605,7 @@ def run_unit(
     (:class:`~attnverify.errors.WorkerFailed`) ends the property at once with the case in
     flight; an output refused at the process boundary fails it even where a check swallowed the
     refusal."""
+    raise_if_swallowed()
     start = time.perf_counter()
     state = _State()
     monitor = monitor_of(spec)
@@ -732,6 +735,7 @@ def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
             try:
                 _evaluate(prop, spec, ctx, state, case)
             except Exception as exc:  # noqa: BLE001 - classified below
+                reraise_interrupt(exc)  # a stop that a library turned into another error
                 failures.append((case, exc))
         try:
             # the same cases in every process for one seed; no global generator to seed
@@ -742,8 +746,10 @@ def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
             failures.append(state.shrink.best)
             state.shrink_stopped = state.shrink.spent
         except Exception as exc:  # noqa: BLE001 - classified below
+            reraise_interrupt(exc)  # Hypothesis interrupted before its engine began, say
             exc = _unwrap(exc)
             failures.append((getattr(exc, "attnverify_case", state.last), exc))
+        raise_if_swallowed()  # a stop that something caught and went on from
     except KeyboardInterrupt as stop:  # a failure in hand (the battery's, the shrink's): kept
         in_hand = failures + ([state.shrink.best] if state.shrink.best is not None else [])
         if not in_hand:
@@ -769,6 +775,7 @@ def _run_property(prop, spec, ctx, claimed, state, start) -> PropertyResult:
             exc = found  # the unit-wide message (how many other inputs were judged)
         state.last = case
         _in_sequence(prop, spec, ctx, state, case, exc)
+        raise_if_swallowed()
     except KeyboardInterrupt as stop:  # the failure in hand is kept, as it was found
         state.last = case
         raise Interrupted(stop, result=_failed(prop, spec, ctx, claimed, state, start, exc,
@@ -864,6 +871,7 @@ def search_test(prop: Property, spec: NormalizerSpec, ctx: Context, state: _Stat
     label = "" if fuzz else prop.id
 
     def body(case):
+        raise_if_swallowed()  # not one more case after a stop that something swallowed
         if not fuzz:
             state.shrink.check()
         try:
@@ -873,6 +881,7 @@ def search_test(prop: Property, spec: NormalizerSpec, ctx: Context, state: _Stat
                 raise
             raise WorkerStopped(f"the normalizer {exc.reason}") from None
         except Exception as exc:
+            reraise_interrupt(exc)  # a stop, never a failure to shrink
             if not fuzz:
                 state.shrink.failed(case, exc)
             raise

@@ -132,15 +132,82 @@ def signal_word(name: str) -> str:
 _DISARMED: set = set()
 
 
+#: The signals this module's handlers raised their interrupt for in this run, in order
+#: (:func:`raise_if_swallowed`); emptied where the outermost :func:`terminating_as_interrupt`
+#: begins and ends.
+_RAISED: list[int] = []
+
+#: Lost interrupts being delivered again (:func:`_delivered_again`), not yet sent.
+_RESENDING: list[int] = []
+
+
 def _raise_once(signum, _frame):
     """The handler of :func:`terminating_as_interrupt` and :func:`interrupt_on_signals`: the
     interrupt raised once; any later one of these signals ignored, so that the unwinding (the
     finished part written, workers stopped) is not cut short (``SIGKILL`` still ends it)."""
+    _disarm()
+    _RAISED.append(signum)
+    raise _interrupt(signum)
+
+
+def _raise_interrupt(signum, _frame):
+    """Ctrl-C's handler in a command's process (:func:`terminating_as_interrupt`, where Ctrl-C
+    had Python's own): ``KeyboardInterrupt``, as Python's own raises it at every Ctrl-C, and
+    noted (:func:`raise_if_swallowed`)."""
+    _RAISED.append(signum)
+    raise KeyboardInterrupt()
+
+
+def _interrupt(signum: int) -> KeyboardInterrupt:
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
+def _disarm() -> None:
+    """Ignore, from now on, each signal whose handler is :func:`_raise_once`."""
     for sig in (signal.SIGINT, *TERMINATING):
         if signal.getsignal(sig) is _raise_once:
             signal.signal(sig, signal.SIG_IGN)
             _DISARMED.add(sig)
-    raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
+def interrupt_in(exc: BaseException | None) -> KeyboardInterrupt | None:
+    """The interrupt (Ctrl-C's, a terminating signal's) that ``exc`` was raised while handling,
+    anywhere along its chain of causes and contexts; ``None`` where there is none. Code that
+    catches ``BaseException`` can raise something else in its handler: Hypothesis, interrupted
+    before its engine began, fails its own assertion, and the interrupt would read as an
+    internal error of the run (or a failure of the code under test) instead of a stop."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        todo += [e.__cause__, e.__context__]
+    return None
+
+
+def reraise_interrupt(exc: BaseException) -> None:
+    """Raise the interrupt in ``exc``'s chain (:func:`interrupt_in`), if any: where a run
+    classifies an exception as a verdict, a stop turned into another exception stays a stop."""
+    stop = interrupt_in(exc)
+    if stop is not None:
+        raise stop
+
+
+def raise_if_swallowed() -> None:
+    """Raise once more an interrupt that a signal raised in this run (:func:`_raise_once`,
+    :func:`_raise_interrupt`) and that something swallowed on its way up (a library's
+    ``except BaseException`` that goes on), so that the run stops at the next point that asks
+    instead of finishing as if no signal had come. Called only where a run goes forward (a
+    unit of a property begins or ends, a search returns): an interrupt that propagated never
+    reaches one. Nothing while a lost interrupt is being delivered again: that delivery raises
+    it."""
+    if _RAISED and not _RESENDING:
+        _disarm()
+        raise _interrupt(_RAISED[-1])
 
 
 def _delivered_again(unraisable) -> None:
@@ -162,6 +229,7 @@ def _delivered_again(unraisable) -> None:
             _DISARMED.discard(sig)
         # not threading.Thread: its start waits for the thread, and the handler would run in
         # that wait, inside this hook again
+        _RESENDING.append(signum)
         _thread.start_new_thread(_send_soon, (signum,))
         return
     _PREVIOUS_HOOK[-1](unraisable)
@@ -171,7 +239,10 @@ def _send_soon(signum: int) -> None:
     """Send ``signum`` to this process once the thread that started this one has had time to
     leave the hook and the collection that called it."""
     time.sleep(REDELIVERY_S)
-    os.kill(os.getpid(), signum)
+    try:
+        os.kill(os.getpid(), signum)
+    finally:
+        _RESENDING.remove(signum)
 
 
 #: How long after an interrupt was lost it is delivered again (seconds).
@@ -208,17 +279,23 @@ def terminating_as_interrupt():
     """While the block runs, each of :data:`TERMINATING` that is at its default disposition
     (which kills the process with no clean-up: workers left to their death signal, what the run
     finished lost) raises :class:`Terminated` in the main thread instead, once
-    (:func:`_raise_once`). Elsewhere than the main thread, or for a signal that the caller
-    ignores or handles itself (``nohup``, a job's handler), nothing changes."""
+    (:func:`_raise_once`); Ctrl-C, where Python's own handler has it, raises its
+    ``KeyboardInterrupt`` as that handler does, noted (:func:`raise_if_swallowed`). Elsewhere
+    than the main thread, or for a signal that the caller ignores or handles itself (``nohup``,
+    a job's handler), nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {}
     hooked = sys.unraisablehook is not _delivered_again
+    if hooked:  # the outermost: a new run
+        _RAISED.clear()
     try:
         for sig in TERMINATING:
             if signal.getsignal(sig) == signal.SIG_DFL:
                 previous[sig] = signal.signal(sig, _raise_once)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            previous[signal.SIGINT] = signal.signal(signal.SIGINT, _raise_interrupt)
         # an interrupt (these, or Ctrl-C's) raised where it cannot propagate is delivered again
         _deliver_lost_interrupts()
         yield
@@ -228,3 +305,4 @@ def terminating_as_interrupt():
             _DISARMED.discard(sig)
         if hooked:
             _restore_unraisable_hook()
+            _RAISED.clear()

@@ -37,7 +37,7 @@ from attnverify import campaign, precise
 from attnverify.campaign import sharing, summary_lines
 from attnverify.certify import fix_temperature, make_context
 from attnverify.checks.base import Context
-from attnverify.errors import UsageError
+from attnverify.errors import UsageError, raise_if_swallowed, reraise_interrupt
 from attnverify.exampledb import open_database
 from attnverify.expr import Inequality, over_ranges, parse_inequality
 from attnverify.falsify_search import (
@@ -291,6 +291,7 @@ def _falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None
     if ranged is not None and ranged.verdict == "holds":
         phases, search.stopped = (), "ranges"  # nothing to search: every input holds
     for name, share, run in phases:
+        raise_if_swallowed()
         if search.left() <= 0 or search.stopped in ("time", "stopped"):
             break
         search.begin(name, share)
@@ -306,6 +307,7 @@ def _falsify(spec: NormalizerSpec, text: str, ctx: Context, *, label: str | None
     if shared is not None and search.witness is not None:
         campaign.save_witness(shared, search.witness)  # before shrinking: an interrupt keeps it
         shared.witness_replayed = search.witness_phase == "replay"
+    raise_if_swallowed()  # a stop that a phase's library caught and went on from
     search_s = time.perf_counter() - start
     report = SearchReport(search.budget, search.evaluations, dict(search.by_phase),
                           search.records, search.stopped, search_s, infinite=search.infinite,
@@ -601,6 +603,7 @@ def run_search(target: str, params: dict[str, Any], text: str, ctx, shared=None,
             except UsageError:
                 raise
             except Exception as exc:  # noqa: BLE001 - most likely the normalizer raising
+                reraise_interrupt(exc)  # a stop that a library turned into another error
                 line = f"error: the search stopped on {type(exc).__name__}: {exc}"
                 return _with_traceback(line.splitlines()[0],
                                        user_traceback(exc.__cause__ or exc), tracebacks)

@@ -35,7 +35,7 @@ from attnverify.certify import (
     unfinished_reason,
 )
 from attnverify.checks.base import monitor_of
-from attnverify.errors import Interrupted, UsageError, WorkerFailed
+from attnverify.errors import Interrupted, UsageError, WorkerFailed, reraise_interrupt
 from attnverify.shard import dtype_name, make_shard, unit_id
 
 
@@ -176,7 +176,8 @@ def falsify_isolated(target: str, params: dict, text: str, ctx):
     except UsageError:
         raise
     except (WorkerFailed, Exception) as exc:  # noqa: BLE001 - the code under test stopped it
-        if isinstance(exc, WorkerFailed):
+        reraise_interrupt(exc)  # a stop that a library turned into another error: not the
+        if isinstance(exc, WorkerFailed):  # target's doing
             message = f"the normalizer {exc.reason}"
         else:
             name = getattr(exc, "remote_type", None) or type(exc).__name__

@@ -275,6 +275,67 @@ def test_an_interrupt_raised_where_it_cannot_propagate_is_delivered_again(where)
         signal.signal(signal.SIGTERM, before[0])
 
 
+def test_the_interrupt_behind_another_error_is_found_along_its_chain():
+    """By hand: an error raised while an interrupt was handled (its context), one raised from
+    such an error (its cause), a chain that loops back on itself, and errors with no interrupt
+    behind them."""
+    from attnverify.errors import Terminated, interrupt_in
+
+    def behind(stop):
+        try:
+            try:
+                raise stop
+            except BaseException:  # noqa: BLE001 - a library's handler
+                raise AssertionError  # noqa: B904 - the context, as Hypothesis's assert has it
+        except AssertionError as exc:
+            return exc
+
+    first = behind(KeyboardInterrupt())
+    assert isinstance(interrupt_in(first), KeyboardInterrupt) and interrupt_in(first) is \
+        first.__context__
+    caused = ValueError("wrapped")
+    caused.__cause__ = behind(Terminated(15))
+    assert isinstance(interrupt_in(caused), Terminated)
+    looped = ValueError("a")
+    looped.__context__ = RuntimeError("b")
+    looped.__context__.__context__ = looped
+    assert interrupt_in(looped) is None and interrupt_in(ValueError()) is None
+    assert interrupt_in(None) is None
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_swallowed_interrupt_is_raised_again_until_the_run_ends(sig):
+    """A signal's interrupt that a library swallows (``except BaseException: pass``) is raised
+    again by ``raise_if_swallowed``, where the run next goes forward; it does nothing without
+    a signal, and a new run (the outermost block) starts with none noted."""
+    import signal
+
+    from attnverify.errors import raise_if_swallowed, terminating_as_interrupt
+
+    signum = getattr(signal, sig)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with terminating_as_interrupt():
+            raise_if_swallowed()  # nothing came
+            try:
+                signal.raise_signal(signum)
+                for _ in range(1000):  # the handler runs in here
+                    pass
+            except KeyboardInterrupt:
+                pass  # swallowed
+            with pytest.raises(KeyboardInterrupt) as again:
+                raise_if_swallowed()
+            assert getattr(again.value, "signum", signal.SIGINT) == signum
+        raise_if_swallowed()  # the run is over: nothing noted for the next
+        with terminating_as_interrupt():
+            raise_if_swallowed()
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
 def test_sigterm_is_an_interrupt_unless_the_caller_chose_otherwise():
     """Inside a command, SIGTERM (and SIGHUP) at their default disposition raise
     ``Terminated`` once (exit 143), a second one during the unwinding is ignored, and a signal

@@ -134,3 +134,37 @@ def test_a_target_that_raises_stops_the_search_and_traceback_shows_where(capsys,
     assert 'raise ValueError("no rows of four keys here")' in shown
     assert "ValueError: no rows of four keys here" in shown
     assert "attnverify" not in shown.replace(str(tmp_path), "")
+
+
+@pytest.mark.parametrize("isolation", [[], ["--no-isolation"]], ids=["isolated", "in-process"])
+def test_a_stop_that_hypothesis_turns_into_an_error_stops_the_search(capsys, monkeypatch,
+                                                                      isolation):
+    """Ctrl-C landing in Hypothesis before its engine began came out as Hypothesis's own
+    ``AssertionError``: the search reported that the code under test raised it (isolated) or
+    that the search stopped on it, a verdict on the target for a signal. It is a stop: exit
+    130, one line."""
+    import signal
+
+    from hypothesis.internal.conjecture import engine
+
+    made = []
+    original = engine.ConjectureRunner.__init__
+
+    def interrupted_here(self, *args, **kwargs):
+        made.append(True)
+        signal.raise_signal(signal.SIGINT)
+        for _ in range(1000):  # the handler runs in here
+            pass
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(engine.ConjectureRunner, "__init__", interrupted_here)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a command
+    try:
+        code, out, err = run(capsys, "falsify", "softmax", "max_weight <= exp(2*a/T)/L",
+                             "--profile", "dev", *isolation)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert made, "no search ran"
+    assert code == 130, (out, err)
+    assert err.strip().splitlines()[-1].startswith("attnverify: interrupted"), err
+    assert "AssertionError" not in out + err and "Traceback" not in err

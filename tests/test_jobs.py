@@ -650,6 +650,51 @@ def test_a_hang_in_hand_when_the_run_is_stopped_is_kept(tmp_path, monkeypatch, c
     assert all(r["status"] == "not_checked" for r in results[results.index(kept) + 1:])
 
 
+@pytest.mark.parametrize("swallowed", [False, True], ids=["turned-into-an-error", "swallowed"])
+def test_a_stop_that_a_library_turns_into_an_error_or_swallows_still_stops_the_run(
+        tmp_path, monkeypatch, capsys, swallowed):
+    """Ctrl-C lands inside a library's ``except BaseException``. Hypothesis, interrupted before
+    its engine began, fails its own assertion in that handler: the property read as an
+    internal error of the run and the run went on to its end, exit 1 where 130 was due (seen in
+    CI on ``certify … --jobs 2``). A library that swallows the interrupt let the run finish as
+    if no signal had come. Both now stop the run: exit 130, the certificate ``interrupted``,
+    no property in ``error``, those not finished ``not_checked``."""
+    import signal
+
+    from hypothesis.internal.conjecture import engine
+
+    made = []
+    original = engine.ConjectureRunner.__init__
+
+    def interrupted_here(self, *args, **kwargs):
+        made.append(True)
+        if len(made) == 3:  # the third search of the run: Ctrl-C comes inside Hypothesis
+            try:
+                signal.raise_signal(signal.SIGINT)
+                for _ in range(1000):  # the handler runs in here
+                    pass
+            except KeyboardInterrupt:
+                if not swallowed:
+                    raise
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(engine.ConjectureRunner, "__init__", interrupted_here)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a command
+    try:
+        out = tmp_path / "cert.json"
+        code, err = _certify_serially("softmax", [], out, capsys)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert len(made) >= 3, "the run ended before the signal"
+    assert code == 130, err
+    assert err.splitlines()[-1].startswith("attnverify: interrupted: "), err
+    data = json.loads(out.read_text(encoding="utf-8"))
+    assert data["interrupted"] == "SIGINT"
+    status = [r["status"] for t in data["targets"] for r in t["results"]]
+    assert "error" not in status and "not_checked" in status, status
+    assert status[0] == "holds", status  # what finished before the signal is kept
+
+
 def test_a_run_stopped_while_it_merges_its_jobs_parts_writes_the_certificate(tmp_path,
                                                                              monkeypatch,
                                                                              capsys):
