@@ -147,7 +147,7 @@ def _raise_once(signum, _frame):
     finished part written, workers stopped) is not cut short (``SIGKILL`` still ends it)."""
     _disarm()
     _RAISED.append(signum)
-    raise _interrupt(signum)
+    raise interrupt_for(signum)
 
 
 def _raise_interrupt(signum, _frame):
@@ -158,7 +158,9 @@ def _raise_interrupt(signum, _frame):
     raise KeyboardInterrupt()
 
 
-def _interrupt(signum: int) -> KeyboardInterrupt:
+def interrupt_for(signum: int) -> KeyboardInterrupt:
+    """The interrupt that ``signum`` raises: ``KeyboardInterrupt`` for Ctrl-C, else
+    :class:`Terminated`."""
     return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
 
 
@@ -207,7 +209,7 @@ def raise_if_swallowed() -> None:
     it."""
     if _RAISED and not _RESENDING:
         _disarm()
-        raise _interrupt(_RAISED[-1])
+        raise interrupt_for(_RAISED[-1])
 
 
 def _delivered_again(unraisable) -> None:

@@ -176,8 +176,8 @@ def falsify_isolated(target: str, params: dict, text: str, ctx):
     except UsageError:
         raise
     except (WorkerFailed, Exception) as exc:  # noqa: BLE001 - the code under test stopped it
-        reraise_interrupt(exc)  # a stop that a library turned into another error: not the
-        if isinstance(exc, WorkerFailed):  # target's doing
+        reraise_interrupt(exc)  # a stop turned into another error is not the target's doing
+        if isinstance(exc, WorkerFailed):
             message = f"the normalizer {exc.reason}"
         else:
             name = getattr(exc, "remote_type", None) or type(exc).__name__

@@ -29,8 +29,8 @@ from attnverify.errors import (
     IN_JOB_ENV,
     TERMINATING,
     Interrupted,
-    Terminated,
     UsageError,
+    interrupt_for,
     interrupt_on_signals,
     interrupt_signal,
 )
@@ -357,11 +357,7 @@ def _stopped_by(code: int) -> KeyboardInterrupt | None:
     """The interrupt that stopped a job which exited with ``code`` (128 + Ctrl-C's signal or a
     terminating one: :func:`attnverify.errors.interrupt_exit_code`), else ``None``."""
     signum = code - 128
-    if signum == signal.SIGINT:
-        return KeyboardInterrupt()
-    if signum in TERMINATING:
-        return Terminated(signum)
-    return None
+    return interrupt_for(signum) if signum in (signal.SIGINT, *TERMINATING) else None
 
 
 def _stop(pids: list[int], exc: BaseException) -> None:
