@@ -20,13 +20,17 @@ ones, with and without a Jacobian). For each it prints the median and best wall 
 time of the whole process
 tree (``getrusage(RUSAGE_CHILDREN)``: checker, zygote and workers; a process its parent never waits
 for, as a multiprocessing forkserver, is adopted by this process as their subreaper and waited
-for here, so it is counted too), its peak memory (proportional set
-size of checker, zygote and workers together, sampled every ``--sample-s`` seconds (default 1) with
-psutil; without psutil, or with ``--sample-s 0``, the largest single process's resident size) and
-the ratios of the medians. Sampling is not free: each sample lists the tree and reads every
-process's ``smaps_rollup``, which walks its page tables; every 0.2 s it took about a fifth of a
-core from a run of eight large processes on two cores, so time a close comparison with
-``--sample-s 0`` as well::
+for here, so it is counted too), its peak memory and the ratios of the medians.
+
+The timed rounds run with nothing else of this script awake: sampling memory is not free (each
+sample lists the tree and reads every process's ``smaps_rollup``, which walks its page tables),
+and its cost grows with the number of processes, so on a busy machine it slows a design of many
+processes (checker, zygote, a worker per target) more than one of a single process and biases the
+ratio. Their memory figure is the largest single process's peak resident size, which the kernel
+keeps for free (``ru_maxrss`` of ``wait4``). After them, each command line runs once more for its
+memory alone, with the proportional set size of checker, zygote and workers together sampled
+every ``--sample-s`` seconds (default 1) with psutil; that round's time is printed but never
+enters a median or a ratio. ``--sample-s 0`` (or no psutil) leaves the memory rounds out::
 
     python benchmarks/certify_budget.py --side-by-side /tmp/base7e [--rounds 2] [--only NAME,...]
         [--sample-s 1] [--cold]
@@ -244,6 +248,20 @@ def _measure(argv: list[str], tree: str, cwd: str,
     return wall, cpu, peak / 2**20, code
 
 
+def _trees(here: str, base: str, mine: bool, r: int) -> list[tuple[str, str]]:
+    """The checkouts a run is timed in, in round ``r``'s order (who goes first alternates)."""
+    trees = [("this", here)] + ([] if mine else [("base", base)])
+    return trees[::-1] if r % 2 else trees
+
+
+def _has_psutil() -> bool:
+    try:
+        import psutil  # noqa: F401 - optional: the memory rounds need it
+    except ImportError:
+        return False
+    return True
+
+
 def _compile(tree: str) -> None:
     """Byte-compile ``tree``'s package (``compileall``; written even where
     ``PYTHONDONTWRITEBYTECODE`` is set, which only stops imports from writing), so that a run
@@ -261,6 +279,7 @@ def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None,
         for tree in (here, base):
             _compile(tree)
     rows: dict[tuple[str, str], list] = defaultdict(list)
+    memory: dict[tuple[str, str], float] = {}
     with tempfile.TemporaryDirectory(prefix="attnverify-bench-") as tmp:
         user = Path(tmp) / "user_fn.py"
         user.write_text(USER_FILE)
@@ -275,22 +294,28 @@ def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None,
                 for n, argv, mine in SIDE_BY_SIDE if not only or n in only]
         for r in range(rounds):
             for name, argv, mine in runs:
-                trees = [("this", here)] + ([] if mine else [("base", base)])
-                if r % 2:
-                    trees.reverse()  # alternate who goes first
-                for label, tree in trees:
-                    wall, cpu, rss, code = _measure(argv, tree, tmp, sample_s)
+                for label, tree in _trees(here, base, mine, r):
+                    wall, cpu, rss, code = _measure(argv, tree, tmp, 0.0)
                     rows[(name, label)].append((wall, cpu, rss, code))
                     print(f"  round {r + 1} {name:22s} {label:4s} {wall:7.1f} s wall "
-                          f"{cpu:7.1f} s cpu {rss:7.0f} MiB exit {code}", flush=True)
+                          f"{cpu:7.1f} s cpu {rss:7.0f} MiB largest process, exit {code}",
+                          flush=True)
+        if sample_s > 0 and _has_psutil():
+            for name, argv, mine in runs:
+                for label, tree in _trees(here, base, mine, 0):
+                    wall, cpu, pss, code = _measure(argv, tree, tmp, sample_s)
+                    memory[(name, label)] = pss
+                    print(f"  memory  {name:22s} {label:4s} {wall:7.1f} s wall (not timed) "
+                          f"{pss:7.0f} MiB tree PSS, exit {code}", flush=True)
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cpus, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end; base: {base}")
-    print("peak MiB: " + (f"the process tree's PSS, sampled every {sample_s:g} s" if sample_s > 0
-                          else "the largest single process's peak RSS (not sampled)"))
+    print("largest MiB: the largest single process's peak RSS in the timed rounds (unsampled)")
+    print("tree MiB: " + (f"the process tree's PSS, sampled every {sample_s:g} s in a memory "
+                          "round of its own (not timed)" if memory else "not measured"))
     print("bytecode: " + ("as the environment leaves it (--cold: no .pyc written beforehand)"
                           if cold else "both packages byte-compiled beforehand (warm runs)"))
     print(f"{'run':22s} {'tree':4s} {'median s':>9s} {'best s':>8s} {'cpu s':>7s} "
-          f"{'peak MiB':>9s} {'wall this/base':>15s} {'cpu this/base':>14s}")
+          f"{'largest MiB':>11s} {'tree MiB':>9s} {'wall this/base':>15s} {'cpu this/base':>14s}")
     summary = {}
     for name, _, _ in runs:
         for label in ("this", "base"):
@@ -300,7 +325,8 @@ def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None,
             entry = {"median_s": statistics.median(g[0] for g in got),
                      "best_s": min(g[0] for g in got),
                      "cpu_s": statistics.median(g[1] for g in got),
-                     "peak_mib": max(g[2] for g in got), "exit": [g[3] for g in got]}
+                     "largest_mib": max(g[2] for g in got),
+                     "tree_pss_mib": memory.get((name, label)), "exit": [g[3] for g in got]}
             summary[f"{name}/{label}"] = entry
             ratios = ""
             if label == "this" and (name, "base") in rows:
@@ -309,13 +335,17 @@ def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None,
                 cpu_ratio = entry["cpu_s"] / statistics.median(g[1] for g in other)
                 summary[f"{name}/ratio"] = {"wall": wall_ratio, "cpu": cpu_ratio}
                 ratios = f"{wall_ratio:15.2f} {cpu_ratio:14.2f}"
+            tree_mib = entry["tree_pss_mib"]
             print(f"{name:22s} {label:4s} {entry['median_s']:9.1f} {entry['best_s']:8.1f} "
-                  f"{entry['cpu_s']:7.1f} {entry['peak_mib']:9.0f} {ratios}")
+                  f"{entry['cpu_s']:7.1f} {entry['largest_mib']:11.0f} "
+                  f"{'-' if tree_mib is None else f'{tree_mib:.0f}':>9s} {ratios}")
     if json_path:
         from attnverify.atomic import write_text_atomic
 
-        summary["memory"] = {"kind": "tree PSS, sampled" if sample_s > 0 else
-                             "largest process's peak RSS", "sample_s": sample_s}
+        summary["memory"] = {"largest_mib": "largest process's peak RSS, timed rounds",
+                             "tree_pss_mib": "tree PSS sampled in a memory round of its own",
+                             "sample_s": sample_s if memory else None}
+        summary["timing"] = "rounds unsampled"
         summary["bytecode"] = "as found" if cold else "compiled beforehand"
         write_text_atomic(Path(json_path), json.dumps(summary, indent=2))
     return 0
@@ -335,8 +365,9 @@ def main(argv=None) -> int:
                    help="--side-by-side: do not byte-compile the two packages first (with "
                         "PYTHONDONTWRITEBYTECODE set, every run then compiles them again)")
     p.add_argument("--sample-s", type=float, default=1.0,
-                   help="--side-by-side: seconds between memory samples (default 1; 0: none, "
-                        "the largest process's peak resident size instead)")
+                   help="--side-by-side: seconds between memory samples in the memory rounds, "
+                        "which run after the timed ones and are not timed (default 1; 0: no "
+                        "memory rounds, the largest process's peak resident size only)")
     p.add_argument("--only", default="", help="--side-by-side: these runs only (comma-separated "
                    f"names: {', '.join(n for n, _, _ in SIDE_BY_SIDE)})")
     args = p.parse_args(argv)
