@@ -195,7 +195,7 @@ def test_every_layout_gives_the_rows_and_normalises_them(rows, length, data):
     scores = torch.randn(rows, length, dtype=torch.float64)
     x = present(scores, lay)
     assert tuple(x.stride()) == lay.strides and x.storage_offset() == lay.offset
-    # a buffer of the span itself: a case sent to a worker copies its storage, never a larger one
+    # a buffer of the span itself: presenting a case builds and copies no more than it reaches
     assert x.untyped_storage().nbytes() == lay.span * x.element_size(), lay
     assert torch.equal(collect(x, lay), scores)
     assert torch.allclose(collect(torch.softmax(x, lay.dim), lay), torch.softmax(scores, -1))
