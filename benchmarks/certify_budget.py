@@ -212,12 +212,7 @@ def _measure(argv: list[str], tree: str, cwd: str,
     proc = subprocess.Popen([sys.executable, "-m", "attnverify", *argv], cwd=cwd, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     peak = 0
-    try:
-        import psutil  # optional: without it, the largest single process, read after it ends
-    except ImportError:
-        psutil = None
-    if sample_s <= 0:
-        psutil = None
+    psutil = _psutil() if sample_s > 0 else None  # none: the largest process, after it ends
     if psutil is not None:
         root = psutil.Process(proc.pid)
         while proc.poll() is None:
@@ -254,12 +249,13 @@ def _trees(here: str, base: str, mine: bool, r: int) -> list[tuple[str, str]]:
     return trees[::-1] if r % 2 else trees
 
 
-def _has_psutil() -> bool:
+def _psutil():
+    """The ``psutil`` module, or ``None`` where it is not installed (the tree's PSS needs it)."""
     try:
-        import psutil  # noqa: F401 - optional: the memory rounds need it
+        import psutil  # optional: without it, no sampled memory
     except ImportError:
-        return False
-    return True
+        return None
+    return psutil
 
 
 def _compile(tree: str) -> None:
@@ -300,7 +296,7 @@ def side_by_side(base: str, rounds: int, only: list[str], json_path: str | None,
                     print(f"  round {r + 1} {name:22s} {label:4s} {wall:7.1f} s wall "
                           f"{cpu:7.1f} s cpu {rss:7.0f} MiB largest process, exit {code}",
                           flush=True)
-        if sample_s > 0 and _has_psutil():
+        if sample_s > 0 and _psutil() is not None:
             for name, argv, mine in runs:
                 for label, tree in _trees(here, base, mine, 0):
                     wall, cpu, pss, code = _measure(argv, tree, tmp, sample_s)

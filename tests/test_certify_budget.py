@@ -57,7 +57,7 @@ def test_timed_rounds_run_with_no_sampler_and_memory_comes_from_rounds_of_its_ow
     monkeypatch.setattr(certify_budget, "_measure", measure)
     monkeypatch.setattr(certify_budget, "_compile", lambda tree: None)
     monkeypatch.setattr(certify_budget, "_adopt_orphans", lambda: False)
-    monkeypatch.setattr(certify_budget, "_has_psutil", lambda: True)
+    monkeypatch.setattr(certify_budget, "_psutil", lambda: object())
     out = tmp_path / "side.json"
     assert certify_budget.side_by_side(str(tmp_path), 3, ["builtins-ci", "builtins-ci-jobs1"],
                                        str(out), sample_s=0.2) == 0
